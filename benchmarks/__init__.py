@@ -1,0 +1,1 @@
+"""Tasks (training data + rewards), benchmarks (eval loaders + graders), pass@k and the code sandbox."""
