@@ -1,0 +1,202 @@
+"""The hooks every algorithm provides, with GRPO's behaviour as the defaults.
+
+The trainer runs, for every step:
+  sample -> observe_forward (sampling forward pass) -> reward_components -> keep_groups
+  (repeat sampling up to generation_rounds) -> shape_rewards -> compute_advantages
+  -> token_loss + aggregation (every mini-batch, every PPO epoch) -> on_step_end
+and never asks which algorithm it runs. An algorithm is a class registered in ALGORITHMS with
+its own config dataclass (its YAML section). Shaping methods (MEDS, EDAS) wrap a base
+algorithm with `OnBase` and change only the hooks they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from algorithms.advantages import group_advantages
+from algorithms.policy_loss import LOSS_AGG_MODES, clipped_surrogate, k3_kl
+from meds_cli.config import choice, doc
+from meds_cli.registry import Registry
+from meds_cli.rollout import ForwardView, Rollouts
+
+ALGORITHMS: Registry = Registry("algorithm")
+
+
+def register(name: str, description: str):
+    """Class decorator: register an algorithm under `name` and remember the name on the class."""
+
+    def add(cls):
+        cls.name = name
+        cls.description = description
+        return ALGORITHMS.register(name, description)(cls)
+
+    return add
+
+
+@dataclass
+class GRPOConfig:
+    scale_rewards: str = choice("group", ["group", "batch", "none"], "divide advantages by the group std, the batch std, or nothing")
+    adv_eps: float = doc(1e-6, "epsilon in the advantage denominator")
+    clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low")
+    clip_high: float = doc(0.2, "eps_high: ratio clipped above at 1 + eps_high")
+    dual_clip: bool = doc(False, "dual clip for negative advantages")
+    clip_ratio_c: float = doc(3.0, "dual-clip bound c (> 1)")
+    loss_agg: str = choice("seq-mean-token-mean", LOSS_AGG_MODES, "loss aggregation")
+    kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)")
+
+
+class Algorithm:
+    """GRPO: group-normalised outcome rewards and the clipped surrogate (algorithms.md, GRPO)."""
+
+    name = "base"
+    description = ""
+    config_class: type = GRPOConfig
+    composes = False  # True for shaping methods that wrap a base algorithm
+
+    def __init__(self, config, run):
+        self.config = config
+        self.run = run  # the whole RunConfig: reward values, rollout sizes
+
+    # -- sampling forward pass
+    @property
+    def wants_hidden_states(self) -> bool:
+        return False
+
+    def observe_forward(self, rollouts: Rollouts, view: ForwardView) -> None:
+        """See the logits (and hidden states if asked) of the no-grad sampling forward pass."""
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.kl_coef > 0
+
+    # -- rewards
+    def reward_components(self, rollouts: Rollouts) -> dict[str, torch.Tensor]:
+        """Named reward channels [B]; their sum is the reward. Default: graded correctness."""
+        correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
+        reward = self.run.reward
+        return {"correctness": torch.where(correct, reward.correct, reward.wrong).float()}
+
+    def generation_rounds(self) -> int:
+        """How many sampling rounds a step may use to fill its batch with kept groups."""
+        return 1
+
+    def keep_groups(self, rollouts: Rollouts) -> torch.Tensor:
+        """[P] bool: which groups train. Default: all."""
+        return torch.ones(rollouts.num_groups, dtype=torch.bool)
+
+    def shape_rewards(self, rollouts: Rollouts) -> None:
+        """Change rollouts.rewards in place before advantages. Default: nothing."""
+
+    # -- advantages and loss
+    def compute_advantages(self, rollouts: Rollouts) -> torch.Tensor:
+        return group_advantages(rollouts.rewards, rollouts.group_size, self.config.scale_rewards, self.config.adv_eps)
+
+    def loss_mask(self, rollouts: Rollouts) -> torch.Tensor:
+        """[B, R] tokens that enter the loss. Default: every response token."""
+        return rollouts.response_mask
+
+    @property
+    def loss_agg(self) -> str:
+        return self.config.loss_agg
+
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
+        """Per-token loss [b, R] and stats for one micro-batch."""
+        cfg = self.config
+        loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high,
+                                        cfg.clip_ratio_c if cfg.dual_clip else None)
+        if cfg.kl_coef > 0 and ref_logp is not None:
+            kl = k3_kl(logp, ref_logp)
+            loss = loss + cfg.kl_coef * kl
+            stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
+        return loss, stats
+
+    # -- state
+    def on_step_end(self, rollouts: Rollouts, step: int) -> None:
+        """Update state after the optimizer steps of a training step (memories, schedules)."""
+
+    def step_metrics(self, rollouts: Rollouts) -> dict[str, float]:
+        """Algorithm-specific diagnostics for metrics.jsonl."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    @property
+    def config_sections(self) -> list[str]:
+        """Config sections this algorithm reads (written into the run's config.yaml)."""
+        return [self.name]
+
+
+class OnBase(Algorithm):
+    """A shaping method on top of a base algorithm: every hook goes to the base unless overridden."""
+
+    composes = True
+
+    def __init__(self, config, run, base: Algorithm):
+        super().__init__(config, run)
+        self.base = base
+
+    wants_hidden_states = property(lambda self: self.base.wants_hidden_states)
+    uses_reference = property(lambda self: self.base.uses_reference)
+    loss_agg = property(lambda self: self.base.loss_agg)
+
+    def observe_forward(self, rollouts, view):
+        self.base.observe_forward(rollouts, view)
+
+    def reward_components(self, rollouts):
+        return self.base.reward_components(rollouts)
+
+    def generation_rounds(self):
+        return self.base.generation_rounds()
+
+    def keep_groups(self, rollouts):
+        return self.base.keep_groups(rollouts)
+
+    def shape_rewards(self, rollouts):
+        self.base.shape_rewards(rollouts)
+
+    def compute_advantages(self, rollouts):
+        return self.base.compute_advantages(rollouts)
+
+    def loss_mask(self, rollouts):
+        return self.base.loss_mask(rollouts)
+
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
+        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp)
+
+    def on_step_end(self, rollouts, step):
+        self.base.on_step_end(rollouts, step)
+
+    def step_metrics(self, rollouts):
+        return self.base.step_metrics(rollouts)
+
+    def state_dict(self):
+        return {"base": self.base.state_dict()}
+
+    def load_state_dict(self, state):
+        self.base.load_state_dict(state.get("base", {}))
+
+    @property
+    def config_sections(self):
+        return [self.name] + self.base.config_sections
+
+
+def build_algorithm(run) -> Algorithm:
+    """The algorithm named by run.algo.name, wrapped around run.algo.base when it composes."""
+    cls = ALGORITHMS.get(run.algo.name)
+    if not cls.composes:
+        return cls(run.section(cls.name), run)
+    base_cls = ALGORITHMS.get(run.algo.base)
+    if base_cls.composes:
+        from meds_cli.errors import UserError
+
+        bases = [e.name for e in ALGORITHMS.entries() if not e.obj.composes]
+        raise UserError(f"--base '{run.algo.base}' is itself a shaping method; accepted bases: {', '.join(bases)}")
+    base = base_cls(run.section(base_cls.name), run)
+    return cls(run.section(cls.name), run, base)

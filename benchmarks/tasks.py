@@ -1,0 +1,169 @@
+"""Training tasks: where prompts and gold answers come from, and how responses are graded.
+
+A task is built from the `task:` config section and the run seed. It exposes a training pool,
+a held-out pool for evaluation, a prompt for each problem, and a batched grader.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Sequence
+
+from benchmarks.answer_extraction import last_boxed
+from benchmarks.prompts import build_prompt
+from benchmarks.registry import TASKS, Problem, Verdict
+
+
+class Task:
+    def __init__(self, config, seed: int):
+        self.config = config
+        self.seed = seed
+        self.train, self.held_out = self.make_splits()
+
+    def make_splits(self) -> tuple[list[Problem], list[Problem]]:
+        raise NotImplementedError
+
+    def prompt(self, problem: Problem, tokenizer) -> str:
+        return build_prompt(problem.question, tokenizer, self.config.prompt_style)
+
+    def grade(self, pairs: Sequence[tuple[Problem, str]]) -> list[Verdict]:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- integer answers
+
+_INTEGER = re.compile(r"^[+-]?\d{1,3}(,\d{3})+$|^[+-]?\d+$")
+_LAST_INTEGER = re.compile(r"[+-]?\d[\d,]*")
+
+
+def parse_integer_literal(text: str | None) -> int | None:
+    """An integer written as a plain literal ('-12', '1,234', '$56$'); None for anything else,
+    in particular for expressions such as '27 + 82' that a symbolic checker would evaluate."""
+    if text is None:
+        return None
+    text = text.strip().strip("$").strip()
+    text = re.sub(r"^\\text\{(.*)\}$", r"\1", text).strip()
+    if not _INTEGER.match(text):
+        return None
+    return int(text.replace(",", ""))
+
+
+def integer_answer(response: str, answer_format: str) -> str | None:
+    """The answer text: the last \\boxed{}, or with 'boxed_or_last_integer' the last integer
+    in the response when nothing is boxed (small models rarely box)."""
+    boxed = last_boxed(response)
+    if boxed is not None or answer_format == "boxed":
+        return boxed
+    found = _LAST_INTEGER.findall(response)
+    return found[-1].rstrip(",") if found else None
+
+
+def grade_integer(response: str, gold: int, answer_format: str) -> Verdict:
+    extracted = integer_answer(response, answer_format)
+    if extracted is None:
+        return Verdict(False, None, "no_answer")
+    value = parse_integer_literal(extracted)
+    correct = value is not None and value == gold
+    return Verdict(correct, extracted, "correct" if correct else "wrong")
+
+
+# ---------------------------------------------------------------- tasks
+
+OPERATIONS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b)}
+
+
+@TASKS.register("arithmetic", "synthetic integer arithmetic from a seed (task.operations, task.digits); integer-exact reward")
+class ArithmeticTask(Task):
+    def make_splits(self):
+        cfg = self.config
+        unknown = [op for op in cfg.operations if op not in OPERATIONS]
+        if unknown or not cfg.operations:
+            from meds_cli.errors import UserError
+
+            raise UserError(f"task.operations {unknown or cfg.operations} not accepted; choose from {', '.join(OPERATIONS)}")
+        if cfg.digits < 1:
+            from meds_cli.errors import UserError
+
+            raise UserError(f"task.digits must be at least 1, got {cfg.digits}")
+        rng = random.Random(self.seed)
+        low, high = (0 if cfg.digits == 1 else 10 ** (cfg.digits - 1)), 10 ** cfg.digits - 1
+        seen, problems = set(), []
+        target = cfg.train_size + cfg.eval_size
+        attempts = 0
+        # Distinct questions, so the held-out split never repeats a training question.
+        while len(problems) < target and attempts < 50 * target:
+            attempts += 1
+            op = rng.choice(cfg.operations)
+            a, b = rng.randint(low, high), rng.randint(low, high)
+            symbol, fn = OPERATIONS[op]
+            question = f"What is {a} {symbol} {b}?"
+            if question in seen:
+                continue
+            seen.add(question)
+            problems.append(Problem(id=f"arith-{len(problems)}", question=question, answer=fn(a, b), meta={"op": op}))
+        held_out = problems[: min(cfg.eval_size, len(problems) // 5)]
+        return problems[len(held_out):], held_out
+
+    def grade(self, pairs):
+        return [grade_integer(response, problem.answer, self.config.answer_format) for problem, response in pairs]
+
+
+@TASKS.register("copy", "toy task for tiny models: repeat the digit of the prompt 'd='; reward if the response starts with it")
+class CopyTask(Task):
+    def make_splits(self):
+        problems = [Problem(id=f"copy-{d}", question=f"{d}=", answer=str(d)) for d in range(10)]
+        return problems, problems
+
+    def prompt(self, problem, tokenizer):
+        return problem.question  # tiny models have no chat template and no instruction following
+
+    def grade(self, pairs):
+        verdicts = []
+        for problem, response in pairs:
+            first = response[:1] if response else None
+            correct = first == problem.answer
+            verdicts.append(Verdict(correct, first, "correct" if correct else ("no_answer" if first is None else "wrong")))
+        return verdicts
+
+
+@TASKS.register("math", "math word problems from a JSON/JSONL file or hub dataset (task.path); graded by math-verify, strict")
+class MathTask(Task):
+    def make_splits(self):
+        from benchmarks.math_benchmarks import load_math_source
+
+        problems = load_math_source(self.config.path)
+        rng = random.Random(self.seed)
+        order = list(range(len(problems)))
+        rng.shuffle(order)
+        held = min(self.config.eval_size, len(problems) // 10)
+        return [problems[i] for i in order[held:]], [problems[i] for i in order[:held]]
+
+    def grade(self, pairs):
+        from benchmarks.math_grading import grade_responses
+
+        return grade_responses([response for _, response in pairs], [problem.answer for problem, _ in pairs])
+
+
+def build_task(config, seed: int) -> Task:
+    return TASKS.get(config.name)(config, seed)
+
+
+class PromptSampler:
+    """Deterministic, resumable order over a problem pool: a fresh permutation per epoch,
+    derived from (seed, epoch), and a position that a checkpoint stores."""
+
+    def __init__(self, size: int, seed: int, position: int = 0):
+        self.size, self.seed, self.position = size, seed, position
+        self._epoch, self._order = -1, []
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position, self.size)
+            if epoch != self._epoch:
+                self._epoch, self._order = epoch, list(range(self.size))
+                random.Random(f"{self.seed}:{epoch}").shuffle(self._order)
+            out.append(self._order[offset])
+            self.position += 1
+        return out

@@ -1,0 +1,3 @@
+from meds_cli.app import app
+
+app(prog_name="meds")

@@ -1,0 +1,72 @@
+"""The `meds` command line: thin Typer commands that parse options and call one function each."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from meds_cli import __version__
+from meds_cli.errors import UserError
+
+app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
+                  rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False)
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _version(value: bool):
+    if value:
+        print(f"meds {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False):
+    """meds: train with GRPO, DAPO, MEDS, EDAS or RLIF-multireward; evaluate; inspect."""
+
+
+@app.command()
+def train(
+    config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="YAML config file; repeatable, later files win.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
+    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dapo, meds, edas, rlif-multireward (see `meds list`).")] = None,
+    base: Annotated[Optional[str], typer.Option(help="Base algorithm under a shaping method (meds, edas): dapo or grpo.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Hub id, alias (Qwen2.5-Math-1.5B ...), local dir, .gguf file, or smollm2-135m.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Training task: arithmetic, math, copy (see `meds list`).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
+    output: Annotated[Optional[Path], typer.Option(help="Run folder to create (default runs/<time>-<algo>-<tag>).")] = None,
+    tag: Annotated[Optional[str], typer.Option(help="Suffix of the run folder name.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its last checkpoint.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+):
+    """Train a model with RL on a task with verifiable rewards; writes a run folder."""
+    from meds_cli.train_command import run_training
+
+    shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
+                 "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
+    try:
+        code = run_training(config or [], set_ or [], shortcuts, resume=resume, argv=sys.argv, quiet=quiet)
+    except UserError as e:
+        fail(str(e))
+    raise typer.Exit(code)
+
+
+@app.command("list")
+def list_cmd():
+    """List the registered algorithms, tasks, benchmarks and model aliases."""
+    from meds_cli.listing import print_registries
+
+    print_registries()
+
+
+def run():  # pragma: no cover - console entry for `python -m meds_cli`
+    app()

