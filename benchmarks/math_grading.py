@@ -1,0 +1,399 @@
+"""Math answer equivalence for rewards and eval: math-verify in a pool of killable workers.
+
+math-verify (HuggingFace) parses LaTeX to SymPy and compares numerically and symbolically. Its
+own time limits use SIGALRM, which works only in a main thread and cannot interrupt a loop in C
+(a big-integer power), so every comparison runs in a worker process with a hard wall-clock
+limit per answer: a worker past it is killed and replaced, and the answer counts as wrong with
+outcome 'timeout'. Workers are started lazily and replaced in the background, so one hung
+answer costs its time limit and nothing more.
+
+Reward safety: math-verify counts `\\boxed{27 + 82}` as equal to 109, so a policy could be
+rewarded for boxing the question. In strict mode (the default, for rewards and eval alike), when
+the gold answer is a plain number the prediction must itself be a plain number literal
+(`answer_extraction.number_literal_value`: no operator between numbers except a fraction bar).
+Plain numbers on both sides are also compared exactly in the parent, without a worker.
+"""
+
+import importlib
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from functools import lru_cache
+from multiprocessing.connection import Connection, wait
+from typing import Sequence
+
+from benchmarks.answer_extraction import extract_answer, integer_literal_value, number_literal_value
+from benchmarks.registry import Verdict
+
+OUTCOMES = ("correct", "wrong", "no_answer", "timeout")
+# How long a fresh worker may take to import math-verify and SymPy before the pool gives up.
+_STARTUP_LIMIT_S = 120.0
+
+
+# --- the parent-side checks: no worker needed ---------------------------------------------
+
+
+def integer_answer_equal(pred: str | None, gold: int) -> bool:
+    """True only when pred is an integer literal equal to gold (the arithmetic task's reward).
+
+    See `integer_literal_value` for what counts as a literal: `$-1,234$` and `\\text{42}` do,
+    `27 + 82`, `109.0` and `109 apples` do not.
+    """
+    value = integer_literal_value(pred)
+    return value is not None and value == gold
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _has_percent(text: str) -> bool:
+    return "%" in text
+
+
+def _checker_text(text: str) -> str:
+    """What math-verify is given: a plain number literal rewritten as LaTeX it reads right.
+
+    math-verify reads `4.5e33` as 4.5·e·33 (Euler's e) and cannot read `-1./3` (both are gold
+    answers in Minerva-Math); the exact value written as an integer or `\\frac{p}{q}` avoids that.
+    Percentages keep their text: 10\\% must stay comparable with 0.1.
+    """
+    value = number_literal_value(text)
+    if value is None or _has_percent(text):
+        return text
+    if value.denominator == 1:
+        return str(value.numerator)
+    sign = "-" if value < 0 else ""
+    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+
+def _prejudge(pred: str | None, gold: str, strict: bool) -> Verdict | None:
+    """The verdict when it needs no symbolic checker, else None."""
+    if pred is None or not pred.strip():
+        return Verdict(False, None, "no_answer")
+    if _squash(pred) == _squash(gold):
+        # The same text is the same answer; spares math-verify a slow parse of a long gold.
+        return Verdict(True, pred, "correct", {"by": "identical"})
+    gold_value = number_literal_value(gold)
+    if gold_value is None:
+        return None
+    pred_value = number_literal_value(pred)
+    if pred_value is None:
+        if strict:
+            return Verdict(False, pred, "wrong", {"by": "strict", "reason": "not a number literal"})
+        return None
+    if pred_value == gold_value:
+        return Verdict(True, pred, "correct", {"by": "exact"})
+    if pred_value.denominator == gold_value.denominator == 1 and not _has_percent(pred + gold):
+        # Two different integers: nothing a symbolic checker does can make them equal.
+        return Verdict(False, pred, "wrong", {"by": "exact"})
+    return None  # 0.333333 vs 1/3 and the like: math-verify's rounding rules decide
+
+
+# --- the worker side ------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _parse(text: str, op_timeout: int) -> list:
+    """math-verify's parse of an answer; raises math-verify's TimeoutException on a time-out."""
+    from math_verify import parse
+
+    try:
+        # The answer is already extracted; boxing it makes math-verify take it whole.
+        return parse("\\boxed{" + text + "}", parsing_timeout=op_timeout, raise_on_error=True)
+    except Exception:  # math-verify's TimeoutException is a BaseException and passes through
+        return []
+
+
+def judge_pair(pred: str, gold: str, op_timeout: int) -> tuple[str, dict]:
+    """(outcome, detail) for one answer: runs in a worker process (SIGALRM needs its main thread)."""
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    try:
+        gold_parsed = _parse(gold, op_timeout)
+        pred_parsed = _parse(pred, op_timeout)
+    except TimeoutException:
+        return "timeout", {"by": "math_verify", "reason": "parse time-out"}
+    if not gold_parsed:
+        return "wrong", {"by": "math_verify", "reason": "gold answer does not parse"}
+    if not pred_parsed:
+        return "wrong", {"by": "math_verify", "reason": "answer does not parse"}
+    timed_out = False
+    # verify() stops at the first error when raising, so each pair is tried on its own.
+    for g in gold_parsed:
+        for p in pred_parsed:
+            try:
+                if verify(g, p, timeout_seconds=op_timeout, raise_on_error=True):
+                    return "correct", {"by": "math_verify"}
+            except TimeoutException:
+                timed_out = True
+            except Exception:
+                pass
+    if timed_out:
+        return "timeout", {"by": "math_verify", "reason": "comparison time-out"}
+    return "wrong", {"by": "math_verify"}
+
+
+def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_limit_mb: int) -> None:
+    """A worker's main loop: answer (pred, gold) jobs read from read_fd until it closes or sends None.
+
+    Runs in a fresh interpreter (see MathGrader._start); judge_name is 'module:function'.
+    """
+    # Ctrl-C is the parent's to handle; a worker interrupted mid-job would only print noise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if memory_limit_mb > 0:
+        import resource
+
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # math-verify warns on every time-out; the parent counts them instead.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    import math_verify  # noqa: F401  (import before 'ready' so no job's time limit pays for it)
+
+    module, _, function = judge_name.partition(":")
+    judge = getattr(importlib.import_module(module), function)
+    jobs, results = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    results.send("ready")
+    while True:
+        try:
+            job = jobs.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        try:
+            result = judge(job[0], job[1], op_timeout)
+        except MemoryError:
+            result = ("wrong", {"by": "math_verify", "reason": "memory limit"})
+        results.send(result)
+
+
+# --- the pool -------------------------------------------------------------------------------
+
+_SERVE = "import sys; from benchmarks.math_grading import serve; serve(*__import__('json').loads(sys.argv[1]))"
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    jobs: Connection  # parent -> worker
+    results: Connection  # worker -> parent
+    started: float
+    ready: bool = False
+
+
+class MathGrader:
+    """Grades (predicted final answer, gold answer) pairs with math-verify in worker processes.
+
+    workers: pool size (default: the CPU count, at most 16). timeout_s: wall-clock limit per
+    answer; past it the worker is killed and replaced and the answer is a 'timeout'. strict: the
+    plain-number rule of the module docstring. memory_limit_mb: address-space limit of each
+    worker (0: none), so a runaway SymPy expression fails instead of swapping. judge:
+    'module:function' run on each pair in the worker (a test hook; default judge_pair).
+    `counts` tallies outcomes over the grader's life and `restarts` the workers killed.
+
+    Workers are fresh interpreters (`python -c`), not multiprocessing children: 'fork' is unsafe
+    in a trainer that holds CUDA and threads, and 'spawn' re-imports the caller's __main__, which
+    breaks scripts without a main guard and `python -` pipelines.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = 5.0,
+        strict: bool = True,
+        memory_limit_mb: int = 4096,
+        judge: str = "benchmarks.math_grading:judge_pair",
+    ):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.workers = workers or max(1, min(16, os.cpu_count() or 1))
+        self.timeout_s = float(timeout_s)
+        self.strict = strict
+        self.memory_limit_mb = memory_limit_mb
+        self.judge = judge
+        # math-verify's own per-operation limit (whole seconds) sits below the hard limit, so a
+        # slow but interruptible step ends inside the worker and the worker survives.
+        self.op_timeout = max(1, math.ceil(self.timeout_s) - 1)
+        self._pool: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.counts: Counter = Counter()
+        self.restarts = 0
+
+    # -- public API
+
+    def grade_many(self, pairs: Sequence[tuple[str | None, str]], strict: bool | None = None) -> list[Verdict]:
+        """Verdicts for (predicted answer text or None, gold answer) pairs, in order."""
+        strict = self.strict if strict is None else strict
+        verdicts: list[Verdict | None] = []
+        todo: deque[int] = deque()
+        for i, (pred, gold) in enumerate(pairs):
+            verdict = _prejudge(pred, str(gold), strict)
+            verdicts.append(verdict)
+            if verdict is None:
+                todo.append(i)
+        if todo:
+            jobs = {i: (_checker_text(pairs[i][0].strip()), _checker_text(str(pairs[i][1]).strip())) for i in todo}
+            with self._lock:
+                results = self._run(jobs, todo)
+            for i, (outcome, detail) in results.items():
+                verdicts[i] = Verdict(outcome == "correct", pairs[i][0], outcome, detail)
+        self.counts.update(v.outcome for v in verdicts)
+        return verdicts  # type: ignore[return-value]
+
+    def grade_responses(
+        self, pairs: Sequence[tuple[str, str]], extraction: str = "boxed", strict: bool | None = None
+    ) -> list[Verdict]:
+        """Verdicts for (full response, gold answer) pairs: extract the final answer, then grade."""
+        answers = [(extract_answer(response, extraction), gold) for response, gold in pairs]
+        return self.grade_many(answers, strict)
+
+    def close(self) -> None:
+        """Stop the workers (a later call to grade starts new ones)."""
+        with self._lock:
+            for worker in self._pool:
+                worker.jobs.close()  # end of input: an idle worker exits at once
+            deadline = time.monotonic() + 1.0
+            for worker in self._pool:
+                try:
+                    worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                self._kill(worker)
+            self._pool = []
+
+    def __enter__(self) -> "MathGrader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        for worker in getattr(self, "_pool", []):
+            if worker.process.poll() is None:
+                worker.process.kill()
+
+    # -- the pool machinery
+
+    def _start(self) -> _Worker:
+        job_read, job_write = os.pipe()
+        result_read, result_write = os.pipe()
+        config = [job_read, result_write, self.judge, self.op_timeout, self.memory_limit_mb]
+        # The worker must import what this process imports, including paths added at run time.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        process = subprocess.Popen(
+            [sys.executable, "-c", _SERVE, json.dumps(config)],
+            pass_fds=(job_read, result_write),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        os.close(job_read)
+        os.close(result_write)
+        return _Worker(
+            process, Connection(job_write, readable=False), Connection(result_read, writable=False), time.monotonic()
+        )
+
+    @staticmethod
+    def _kill(worker: _Worker) -> None:
+        if worker.process.poll() is None:
+            worker.process.kill()
+        try:
+            worker.process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        for conn in (worker.jobs, worker.results):
+            if not conn.closed:
+                conn.close()
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        self._kill(worker)
+        self.restarts += 1
+        fresh = self._start()
+        self._pool[self._pool.index(worker)] = fresh
+        return fresh
+
+    def _run(self, jobs: dict[int, tuple[str, str]], todo: deque[int]) -> dict[int, tuple[str, dict]]:
+        """Run every job to an outcome, keeping at most one job on each worker."""
+        while len(self._pool) < min(self.workers, len(todo)):
+            self._pool.append(self._start())
+        results: dict[int, tuple[str, dict]] = {}
+        idle = [w for w in self._pool if w.ready]
+        starting = [w for w in self._pool if not w.ready]
+        busy: dict[Connection, tuple[_Worker, int, float]] = {}
+        while todo or busy:
+            while idle and todo:
+                worker = idle.pop()
+                if worker.process.poll() is not None:  # died while idle: no job of ours is lost
+                    starting.append(self._replace(worker))
+                    continue
+                i = todo.popleft()
+                try:
+                    worker.jobs.send(jobs[i])
+                except OSError:  # died just now: replace it and retry the job
+                    todo.appendleft(i)
+                    starting.append(self._replace(worker))
+                    continue
+                busy[worker.results] = (worker, i, time.monotonic() + self.timeout_s)
+            deadlines = [d for _, _, d in busy.values()] + [w.started + _STARTUP_LIMIT_S for w in starting]
+            ready = wait(list(busy) + [w.results for w in starting], max(0.0, min(deadlines) - time.monotonic()))
+            for conn in ready:
+                if conn in busy:
+                    worker, i, _ = busy.pop(conn)
+                    try:
+                        results[i] = conn.recv()
+                        idle.append(worker)
+                    except (EOFError, OSError):  # killed from outside, e.g. out of memory
+                        results[i] = ("timeout", {"reason": "worker died"})
+                        starting.append(self._replace(worker))
+                else:
+                    worker = next(w for w in starting if w.results is conn)
+                    starting.remove(worker)
+                    try:
+                        worker.ready = conn.recv() == "ready"
+                    except (EOFError, OSError):
+                        worker.ready = False
+                    if not worker.ready:
+                        self._pool.remove(worker)
+                        self._kill(worker)
+                        raise RuntimeError("math grader: a worker died on start (see its error above)")
+                    idle.append(worker)
+            now = time.monotonic()
+            for conn, (worker, i, deadline) in list(busy.items()):
+                if deadline <= now:
+                    del busy[conn]
+                    results[i] = ("timeout", {"reason": f"killed after {self.timeout_s:g} s"})
+                    starting.append(self._replace(worker))
+            for worker in starting:
+                if worker.started + _STARTUP_LIMIT_S <= now:
+                    raise RuntimeError(f"math grader: a worker took over {_STARTUP_LIMIT_S:g} s to start")
+        return results
+
+
+# --- module-level convenience ---------------------------------------------------------------
+
+_shared: MathGrader | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_grader() -> MathGrader:
+    """The process-wide grader (default settings), created on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = MathGrader()
+        return _shared
+
+
+def grade_response(response: str, gold: str, extraction: str = "boxed", strict: bool = True) -> Verdict:
+    """Grade one full response against a gold answer with the shared grader."""
+    return shared_grader().grade_responses([(response, gold)], extraction, strict)[0]
