@@ -4,14 +4,17 @@ math-verify (HuggingFace) parses LaTeX to SymPy and compares numerically and sym
 own time limits use SIGALRM, which works only in a main thread and cannot interrupt a loop in C
 (a big-integer power), so every comparison runs in a worker process with a hard wall-clock
 limit per answer: a worker past it is killed and replaced, and the answer counts as wrong with
-outcome 'timeout'. Workers are started lazily and replaced in the background, so one hung
-answer costs its time limit and nothing more.
+outcome 'timeout'. Workers are fresh interpreters, started lazily and replaced in the
+background, so one hung answer costs its time limit and nothing more.
+
+Before any worker is asked, the parent settles the easy cases: no answer ('no_answer'), the same
+text as the gold answer, and plain numbers on both sides (compared exactly as fractions).
 
 Reward safety: math-verify counts `\\boxed{27 + 82}` as equal to 109, so a policy could be
 rewarded for boxing the question. In strict mode (the default, for rewards and eval alike), when
 the gold answer is a plain number the prediction must itself be a plain number literal
 (`answer_extraction.number_literal_value`: no operator between numbers except a fraction bar).
-Plain numbers on both sides are also compared exactly in the parent, without a worker.
+Gold answers that are expressions, sets, intervals or text are left to math-verify either way.
 """
 
 import importlib
@@ -19,6 +22,7 @@ import json
 import logging
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -143,7 +147,21 @@ def judge_pair(pred: str, gold: str, op_timeout: int) -> tuple[str, dict]:
     return "wrong", {"by": "math_verify"}
 
 
-def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_limit_mb: int) -> None:
+def _cap_cpu(seconds: int) -> None:
+    """Let the kernel end this process (SIGXCPU) after `seconds` more CPU time.
+
+    The parent kills a worker past its wall-clock limit; this is the backstop for a worker whose
+    parent died while it was stuck in C code, which would otherwise spin on as an orphan.
+    """
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(usage.ru_utime + usage.ru_stime) + seconds
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_limit_mb: int, cpu_limit_s: int) -> None:
     """A worker's main loop: answer (pred, gold) jobs read from read_fd until it closes or sends None.
 
     Runs in a fresh interpreter (see MathGrader._start); judge_name is 'module:function'.
@@ -151,8 +169,6 @@ def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_
     # Ctrl-C is the parent's to handle; a worker interrupted mid-job would only print noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_limit_mb > 0:
-        import resource
-
         limit = memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     # math-verify warns on every time-out; the parent counts them instead.
@@ -170,6 +186,7 @@ def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_
             return
         if job is None:
             return
+        _cap_cpu(cpu_limit_s)
         try:
             result = judge(job[0], job[1], op_timeout)
         except MemoryError:
@@ -287,7 +304,8 @@ class MathGrader:
     def _start(self) -> _Worker:
         job_read, job_write = os.pipe()
         result_read, result_write = os.pipe()
-        config = [job_read, result_write, self.judge, self.op_timeout, self.memory_limit_mb]
+        cpu_limit_s = math.ceil(self.timeout_s) + 5
+        config = [job_read, result_write, self.judge, self.op_timeout, self.memory_limit_mb, cpu_limit_s]
         # The worker must import what this process imports, including paths added at run time.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         process = subprocess.Popen(
