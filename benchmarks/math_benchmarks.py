@@ -11,6 +11,7 @@ MathGrader: last \\boxed{} of the response, strict plain-number rule.
 """
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from benchmarks.answer_extraction import last_boxed
 from benchmarks.math_grading import shared_grader
 from benchmarks.registry import BENCHMARKS, Benchmark, Problem, Verdict
 from meds_cli.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 
 def _number_text(value) -> str:
@@ -152,6 +155,32 @@ for _source in _SOURCES:
     )
 
 
+def _training_problem(row, index: int, origin: str) -> Problem | None:
+    """A training row -> Problem: text in 'problem' or 'question', gold in 'answer' (else the last
+    \\boxed{} of 'solution'); the other fields go to meta. None for a row without a gold answer
+    (MATH train has four), which no reward could score."""
+    if not isinstance(row, dict) or not any(row.get(k) for k in ("problem", "question")):
+        raise UserError(f"{origin}: row {index} has no 'problem' (or 'question') text")
+    if row.get("answer") is not None and str(row["answer"]).strip():
+        answer = _number_text(row["answer"])
+    else:
+        answer = last_boxed(str(row.get("solution") or ""))
+        if not answer:
+            return None
+    meta = {k: v for k, v in row.items() if k not in ("problem", "question", "answer", "solution")}
+    return Problem(f"{Path(origin).stem}/{index}", _question(row), answer, meta)
+
+
+def _training_problems(rows, origin: str) -> list[Problem]:
+    problems = [_training_problem(row, index, origin) for index, row in enumerate(rows)]
+    kept = [p for p in problems if p is not None]
+    if not kept:
+        raise UserError(f"{origin}: no row has a gold answer ('answer', or a \\boxed{{}} in 'solution')")
+    if len(kept) < len(problems):
+        logger.warning("%s: skipped %d of %d rows without a gold answer", origin, len(problems) - len(kept), len(problems))
+    return kept
+
+
 def load_math_file(path: str | Path) -> list[Problem]:
     """Problems from a JSON list or JSONL file of {problem, answer} rows (e.g. the MATH train
     split of rllm, math_train_rllm/math.json), for the math training task."""
@@ -165,10 +194,25 @@ def load_math_file(path: str | Path) -> list[Problem]:
         ]
     except json.JSONDecodeError as error:
         raise UserError(f"math data file {path} is neither a JSON list nor JSONL: {error}") from None
-    problems = []
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict) or "answer" not in row or not any(k in row for k in ("problem", "question")):
-            raise UserError(f"{path}: row {index} lacks 'problem' (or 'question') and 'answer'")
-        meta = {k: v for k, v in row.items() if k not in ("problem", "question", "answer", "solution")}
-        problems.append(Problem(f"{path.stem}/{index}", _question(row), _number_text(row["answer"]), meta))
-    return problems
+    return _training_problems(rows, str(path))
+
+
+def load_math_source(source: str | Path) -> list[Problem]:
+    """Training problems from a JSON/JSONL file or, when `source` is not a file name, from the
+    'train' split of the hub dataset of that name (rows with problem/question and answer/solution)."""
+    source = str(source).strip()
+    if not source:
+        raise UserError("task.path is empty: give a JSON/JSONL file of {problem, answer} rows or a hub dataset name")
+    path = Path(source)
+    if path.is_file() or path.suffix in (".json", ".jsonl"):
+        return load_math_file(path)
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(source, split="train")
+    except Exception as error:
+        raise UserError(
+            f"cannot load math dataset '{source}' from the dataset hub ({type(error).__name__}); "
+            "give a local JSON/JSONL file instead"
+        ) from None
+    return _training_problems([dict(row) for row in rows], source)

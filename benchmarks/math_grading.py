@@ -415,3 +415,12 @@ def shared_grader() -> MathGrader:
 def grade_response(response: str, gold: str, extraction: str = "boxed", strict: bool = True) -> Verdict:
     """Grade one full response against a gold answer with the shared grader."""
     return shared_grader().grade_responses([(response, gold)], extraction, strict)[0]
+
+
+def grade_responses(
+    responses: Sequence[str], golds: Sequence[str], extraction: str = "boxed", strict: bool = True
+) -> list[Verdict]:
+    """Grade full responses against their gold answers (in order) with the shared grader."""
+    if len(responses) != len(golds):
+        raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
+    return shared_grader().grade_responses(list(zip(responses, golds)), extraction, strict)

@@ -157,9 +157,13 @@ def test_load_math_file_jsonl_and_errors(tmp_path):
     path.write_text('{"problem": "p", "answer": "\\\\frac{1}{2}"}\n\n{"problem": "r", "answer": "x"}\n')
     assert [p.answer for p in math_benchmarks.load_math_file(path)] == ["\\frac{1}{2}", "x"]
     bad = tmp_path / "bad.json"
-    bad.write_text('[{"problem": "p"}]')
+    bad.write_text('[{"answer": "3"}]')
     with pytest.raises(UserError, match="row 0"):
         math_benchmarks.load_math_file(bad)
+    unanswered = tmp_path / "unanswered.json"
+    unanswered.write_text('[{"problem": "p", "answer": null}]')
+    with pytest.raises(UserError, match="no row has a gold answer"):
+        math_benchmarks.load_math_file(unanswered)
     with pytest.raises(UserError, match="not found"):
         math_benchmarks.load_math_file(tmp_path / "missing.json")
 
@@ -167,5 +171,33 @@ def test_load_math_file_jsonl_and_errors(tmp_path):
 @pytest.mark.skipif(not (DATA / "math_train_rllm/math.json").is_file(), reason="training data not present")
 def test_load_math_file_rllm_math():
     problems = math_benchmarks.load_math_file(DATA / "math_train_rllm/math.json")
-    assert len(problems) == 7474
+    assert len(problems) == 7474 - 4  # four rows have no answer (None or "")
     assert problems[0].answer == "0"
+    assert all(p.answer and p.answer != "None" for p in problems)
+
+
+def test_load_math_file_answer_from_solution(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"problem": "p", "solution": "so \\\\boxed{\\\\frac{1}{2}}."}\n')
+    assert math_benchmarks.load_math_file(path)[0].answer == "\\frac{1}{2}"
+
+
+def test_load_math_source(tmp_path, monkeypatch):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps([{"problem": "1+1?", "answer": 2}]))
+    assert [p.answer for p in math_benchmarks.load_math_source(str(path))] == ["2"]
+    with pytest.raises(UserError, match="not found"):
+        math_benchmarks.load_math_source(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(UserError, match="empty"):
+        math_benchmarks.load_math_source("")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
+    with pytest.raises(UserError, match="no-such-owner/no-such-set"):
+        math_benchmarks.load_math_source("no-such-owner/no-such-set")

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from benchmarks.math_grading import MathGrader, grade_response, integer_answer_equal
+from benchmarks.math_grading import MathGrader, grade_response, grade_responses, integer_answer_equal
 
 
 def sleepy_judge(pred, gold, op_timeout):
@@ -133,6 +133,10 @@ def test_worker_killed_from_outside_loses_nothing(grader):
 def test_grade_response_convenience():
     assert grade_response("\\boxed{\\frac{1}{2}}", "0.5").correct
     assert not grade_response("\\boxed{27 + 82}", "109").correct
+    verdicts = grade_responses(["\\boxed{7}", "7", "\\boxed{x+1}"], ["7", "7", "1+x"])
+    assert [v.outcome for v in verdicts] == ["correct", "no_answer", "correct"]
+    with pytest.raises(ValueError):
+        grade_responses(["a"], [])
 
 
 def test_integer_answer_equal():
