@@ -32,10 +32,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-# Each concurrently running sandbox gets its own uid from this range (no passwd entry needed):
-# RLIMIT_NPROC counts per uid, so a fork bomb in one cannot starve its neighbours, and none
-# can write into another's work dir.
+# Each concurrently running sandbox gets its own uid (no passwd entry needed): RLIMIT_NPROC
+# counts per uid, so a fork bomb in one cannot starve its neighbours, and none can write into
+# another's work dir. Harness process P uses uids BASE + P * UIDS_PER_PROCESS + slot, unique
+# among the harnesses alive on the machine since their pids are (pid_max <= 2**22).
 SANDBOX_UID_BASE = 990_000
+UIDS_PER_PROCESS = 256
 OUTPUT_CAP_BYTES = 64 * 1024  # what ProgramResult keeps of stdout / stderr
 FILE_LIMIT_BYTES = 32 * 1024 * 1024  # RLIMIT_FSIZE: bounds stdout, stderr and any file written
 MAX_PROCESSES = 64  # RLIMIT_NPROC of each sandbox uid
@@ -210,26 +212,29 @@ _LOGGED = threading.Event()
 
 
 class _UidPool:
-    """Hands out the lowest free sandbox uid; a uid is free again once its program (and, by
-    the PID namespace, everything the program started) is gone."""
+    """Hands out a free sandbox uid of this process's range; a uid is free again once its
+    program (and, by the PID namespace, everything the program started) is gone."""
 
-    def __init__(self, base: int):
-        self._base, self._free, self._next = base, [], base
+    def __init__(self):
         self._lock = threading.Lock()
+        self._pid, self._free = None, []
 
     def acquire(self) -> int:
         with self._lock:
-            if self._free:
-                return self._free.pop()
-            self._next += 1
-            return self._next - 1
+            if self._pid != os.getpid():  # first use, or a forked copy of the harness
+                self._pid = os.getpid()
+                base = SANDBOX_UID_BASE + self._pid * UIDS_PER_PROCESS
+                self._free = list(range(base + UIDS_PER_PROCESS - 1, base - 1, -1))
+            if not self._free:
+                raise RuntimeError(f"more than {UIDS_PER_PROCESS} sandboxes at once in one process")
+            return self._free.pop()
 
     def release(self, uid: int) -> None:
         with self._lock:
             self._free.append(uid)
 
 
-_UIDS = _UidPool(SANDBOX_UID_BASE)
+_UIDS = _UidPool()
 
 
 def _namespace_prefix(uid: int) -> list[str]:
