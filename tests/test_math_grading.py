@@ -1,6 +1,7 @@
 """Math equivalence through the worker pool: equivalences, the strict reward rule, time-outs."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +108,9 @@ def test_pathological_answers_return_quickly(grader):
     assert grader.grade_many([("\\sqrt{8}", "2\\sqrt{2}")])[0].correct
 
 
-def test_hung_worker_is_killed_and_replaced():
+def test_hung_worker_is_killed_and_replaced(monkeypatch):
+    # Workers import the judge by name; make this file importable whatever pytest's import mode.
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
     with MathGrader(workers=3, timeout_s=1.0, judge="test_math_grading:sleepy_judge") as g:
         start = time.monotonic()
         verdicts = g.grade_many([("x", "y"), ("a", "b"), ("c", "d")])
