@@ -57,8 +57,12 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed [bold]{run_dir}[/] at step {trainer.step}")
     elif main:
-        dump_yaml(cfg, run_dir / "config.yaml", sections=trainer.algorithm.config_sections)
         runs.write_provenance(run_dir, list(argv))
+    if main:
+        # The folder is not part of the snapshot, so `--config config.yaml` repeats the run in a new folder.
+        cfg.train.output_dir = ""
+        dump_yaml(cfg, run_dir / "config.yaml", sections=trainer.algorithm.config_sections)
+        cfg.train.output_dir = str(run_dir)
     console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  task: {cfg.task.name}")
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")

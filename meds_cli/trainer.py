@@ -69,6 +69,8 @@ class Trainer:
         # the schedule depend on the number of processes.
         total = cfg.train.steps * cfg.train.ppo_epochs * self._mini_batches_per_epoch()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
+        if self.acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
         self.step = 0
         self._stop_requested = False
