@@ -1,0 +1,205 @@
+"""EDAS: Error Diversity Advantage Shaping (Liu et al. 2026, "Leveraging Error Diversity in
+Group Rollouts for Reinforcement Learning"; seed 003, docs/algorithms.md "EDAS").
+
+A post-hoc change of the group advantages of a base algorithm (GRPO or DAPO, `--base`); only
+wrong responses change. The wrong responses W of a group (N_w = |W|) are partitioned into error
+classes: for math, equal final answers (grader equality, `algorithms.answer_groups`; responses
+with no answer are one class of their own); for code, the outcome of the sandboxed run
+(exception type, WrongAnswer, Timeout). With K classes, p_k = |C_k| / N_w, I_i = -ln p_k(i),
+H = -sum p_k ln p_k and S = mean over W of |A_i|:
+    Delta_i = 0                                  if N_w <= 1  (too few errors to compare)
+            = -beta * S                          if K == 1    (one repeated error: push away)
+            = alpha * S * (I_i - H) / ln N_w     if K > 1     (zero-sum over W)
+so a dominant error is penalised more and a rare one less. The sign-keeping clip
+A_i <- A_i + sign(Delta_i) * min(|Delta_i|, |A_i| / kappa), kappa > 1, never flips the sign of
+A_i: a wrong answer is never rewarded. alpha and beta may warm up linearly over `warmup_steps`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import torch
+
+from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
+from algorithms.base import OnBase, register
+from meds_cli.config import choice, doc
+from meds_cli.errors import UserError
+
+# Verdict outcomes of math graders (benchmarks.registry.Verdict); any other outcome is a code
+# run's outcome class, which is the error class itself.
+MATH_OUTCOMES = frozenset({"correct", "wrong", "no_answer", "timeout"})
+NO_ANSWER_CLASS = "no_answer"
+
+
+@dataclass
+class EDASConfig:
+    alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)")
+    beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)")
+    kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)")
+    warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)")
+    equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
+
+
+# ---------------------------------------------------------------- the formulas
+
+
+def error_entropy_terms(labels: Sequence[Hashable]) -> tuple[list[float], float]:
+    """(I_i = -ln p_k(i) for every error, H = -sum_k p_k ln p_k) of a list of error-class labels."""
+    n = len(labels)
+    counts: dict[Hashable, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    surprisal = [-math.log(counts[label] / n) for label in labels]
+    entropy = -sum((c / n) * math.log(c / n) for c in counts.values())
+    return surprisal, entropy
+
+
+def diversity_delta(labels: Sequence[Hashable], abs_advantages: Sequence[float], alpha: float, beta: float) -> tuple[list[float], str]:
+    """Delta_i for the wrong responses of one group and which case applied ('none', 'single', 'diverse')."""
+    n = len(labels)
+    if n <= 1:
+        return [0.0] * n, "none"
+    scale = sum(abs_advantages) / n  # S
+    surprisal, entropy = error_entropy_terms(labels)
+    if len(set(labels)) == 1:
+        return [-beta * scale] * n, "single"
+    return [alpha * scale * (i - entropy) / math.log(n) for i in surprisal], "diverse"
+
+
+def sign_keeping_clip(advantages: torch.Tensor, delta: torch.Tensor, kappa: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A + sign(Delta) * min(|Delta|, |A| / kappa), bool mask of the Deltas the clip shortened)."""
+    limit = advantages.abs() / kappa
+    clipped = delta.abs() > limit
+    return advantages + torch.sign(delta) * torch.minimum(delta.abs(), limit), clipped
+
+
+def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequence[Hashable | None], group_size: int,
+                    alpha: float, beta: float, kappa: float) -> tuple[torch.Tensor, dict]:
+    """Shaped advantages [B] from base advantages [B], wrong [B] bool and an error class per
+    response (read only where wrong), group by group; and the per-group facts for diagnostics."""
+    shaped = advantages.clone().float()
+    delta_all = torch.zeros_like(shaped)
+    clipped_all = torch.zeros_like(shaped, dtype=torch.bool)
+    in_scope = torch.zeros_like(shaped, dtype=torch.bool)  # wrong responses of groups with N_w > 1
+    cases, class_counts = [], []
+    for start in range(0, advantages.numel(), group_size):
+        rows = [i for i in range(start, start + group_size) if bool(wrong[i])]
+        labels = [classes[i] for i in rows]
+        class_counts.append(len(set(labels)))
+        delta, case = diversity_delta(labels, [abs(float(advantages[i])) for i in rows], alpha, beta)
+        cases.append(case)
+        if case == "none":
+            continue
+        index = torch.tensor(rows)
+        new, clipped = sign_keeping_clip(shaped[index], torch.tensor(delta, dtype=shaped.dtype), kappa)
+        shaped[index] = new
+        delta_all[index] = torch.tensor(delta, dtype=shaped.dtype)
+        clipped_all[index] = clipped
+        in_scope[index] = True
+    return shaped, {"cases": cases, "classes": class_counts, "delta": delta_all, "clipped": clipped_all,
+                    "in_scope": in_scope}
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Share of alpha and beta in force at training step `step` (1-based): step / warmup_steps, capped at 1."""
+    if warmup_steps <= 0:
+        return 1.0
+    return min(1.0, step / warmup_steps)
+
+
+# ---------------------------------------------------------------- error classes
+
+
+def error_classes(verdicts, equivalence: str, group_size: int) -> list[Hashable | None]:
+    """An error-class label per response; correct responses get None.
+
+    Code verdicts (an outcome outside the math set) are classed by outcome; math verdicts by
+    their final answer, with every answerless response in the one 'no_answer' class (failing to
+    answer at all is one failure mode, and repeating it is the collapse EDAS pushes against).
+    """
+    labels: list[Hashable | None] = [None] * len(verdicts)
+    math_groups: list[list[str | None]] = []
+    math_rows: list[list[int]] = []
+    for start in range(0, len(verdicts), group_size):
+        answers, rows = [], []
+        for i in range(start, min(start + group_size, len(verdicts))):
+            v = verdicts[i]
+            if v.correct:
+                continue
+            if v.outcome not in MATH_OUTCOMES:
+                labels[i] = ("outcome", v.outcome)
+            elif v.extracted is None or not str(v.extracted).strip():
+                labels[i] = NO_ANSWER_CLASS
+            else:
+                answers.append(str(v.extracted))
+                rows.append(i)
+        math_groups.append(answers)
+        math_rows.append(rows)
+    for rows, group_labels in zip(math_rows, answer_classes(math_groups, equivalence)):
+        for i, label in zip(rows, group_labels):
+            labels[i] = ("answer", label)
+    return labels
+
+
+# ---------------------------------------------------------------- the algorithm
+
+
+@register("edas", "EDAS: reshape wrong responses' advantages by error diversity, on GRPO or DAPO (--base)")
+class EDAS(OnBase):
+    config_class = EDASConfig
+
+    def __init__(self, config, run, base):
+        super().__init__(config, run, base)
+        if config.kappa <= 1:
+            raise UserError(f"edas.kappa must be greater than 1 (else the clip can flip a sign), got {config.kappa}")
+        if config.alpha < 0 or config.beta < 0:
+            raise UserError(f"edas.alpha and edas.beta must be >= 0, got {config.alpha} and {config.beta}")
+        self.steps_done = 0
+        self._last: dict = {}
+
+    def compute_advantages(self, rollouts):
+        advantages = self.base.compute_advantages(rollouts)
+        if advantages.dim() != 1:
+            raise ValueError("EDAS shapes sequence-level advantages [B]; the base returned per-token ones")
+        cfg = self.config
+        scale = warmup_factor(self.steps_done + 1, cfg.warmup_steps)
+        wrong = torch.tensor([not v.correct for v in rollouts.verdicts], dtype=torch.bool)
+        classes = error_classes(rollouts.verdicts, cfg.equivalence, rollouts.group_size)
+        shaped, facts = edas_advantages(advantages, wrong, classes, rollouts.group_size,
+                                        cfg.alpha * scale, cfg.beta * scale, cfg.kappa)
+        self._last = {**facts, "wrong": wrong, "scale": scale}
+        return shaped
+
+    def on_step_end(self, rollouts, step):
+        super().on_step_end(rollouts, step)
+        self.steps_done = step
+
+    def step_metrics(self, rollouts):
+        metrics = dict(super().step_metrics(rollouts))
+        facts = self._last
+        if not facts:
+            return metrics
+        cases, classes = facts["cases"], facts["classes"]
+        n = max(len(cases), 1)
+        with_errors = [k for k in classes if k > 0]
+        shaped = facts["in_scope"]
+        metrics.update({
+            "edas/classes_mean": sum(with_errors) / len(with_errors) if with_errors else 0.0,
+            "edas/case_few_share": cases.count("none") / n,
+            "edas/case_single_share": cases.count("single") / n,
+            "edas/case_diverse_share": cases.count("diverse") / n,
+            "edas/delta_abs_mean": facts["delta"][shaped].abs().mean().item() if shaped.any() else 0.0,
+            "edas/clipped_share": facts["clipped"][shaped].float().mean().item() if shaped.any() else 0.0,
+            "edas/warmup_factor": facts["scale"],
+        })
+        return metrics
+
+    def state_dict(self):
+        return {**super().state_dict(), "steps_done": self.steps_done}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.steps_done = state.get("steps_done", 0)
