@@ -1,0 +1,176 @@
+"""What `meds eval` leaves behind and shows: results.json, the score table, the pass@k plot,
+and the comparison of several evals (`meds eval --compare`).
+
+results.json is the one source for reports: the table, the plot and --compare all read the
+same document, so a comparison of old evals needs no model and no generation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from meds_cli.errors import UserError
+
+RESULTS_FILE = "results.json"
+PLOT_FILE = "pass_at_k.png"
+
+
+def write_results(folder: Path, document: dict) -> Path:
+    path = Path(folder) / RESULTS_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
+    """At most `limit` k columns: the first ones and the last (k = 1, 2, 4, 8, ..., 128)."""
+    return ks if len(ks) <= limit else ks[: limit - 1] + ks[-1:]
+
+
+def score_table(document: dict, title: str | None = None) -> Table:
+    """One row per benchmark plus the average: pass@k (%), maj@k at the largest k, length, truncation."""
+    rows = list(document["benchmarks"].items())
+    ks = _shown_ks(list(rows[0][1]["pass@k"])) if rows else []
+    top = ks[-1] if ks else "1"
+    table = Table(title=title or f"{document.get('model', '?')}  (n={document['config'].get('n')})",
+                  title_justify="left")
+    table.add_column("benchmark")
+    table.add_column("problems", justify="right")
+    for k in ks:
+        table.add_column(f"pass@{k}", justify="right")
+    table.add_column(f"maj@{top}", justify="right")
+    table.add_column("length", justify="right")
+    table.add_column("truncated", justify="right")
+    table.add_column("time-outs", justify="right")
+    average = document.get("average") or {}
+    entries = rows + ([("average", {**average, "problems": sum(s["problems"] for _, s in rows)})]
+                      if len(rows) > 1 else [])
+    for name, scores in entries:
+        maj = (scores.get("maj@k") or {}).get(top)
+        table.add_row(
+            f"[bold]{name}[/]" if name == "average" else name, str(scores["problems"]),
+            *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
+            f"{scores['mean_response_length']:.0f}", _pct(scores["truncated_share"]), str(scores["timeouts"]),
+        )
+    return table
+
+
+def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
+    """pass@k against k (log2 axis), one panel per benchmark, one line per labelled results document."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in tests
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(name for _, doc in curves for name in doc["benchmarks"]))
+    cols = min(3, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for label, doc in curves:
+            scores = doc["benchmarks"].get(name)
+            if scores is None:
+                continue
+            ks = [int(k) for k in scores["pass@k"]]
+            ax.plot(ks, [100 * v for v in scores["pass@k"].values()], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(name)
+        ax.set_xlabel("k")
+        ax.set_ylabel("pass@k (%)")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- --compare
+
+
+def find_results(target: Path) -> Path:
+    """results.json of a file, an eval folder, or a run folder (its latest eval)."""
+    target = Path(target)
+    if target.is_file():
+        return target
+    if (target / RESULTS_FILE).is_file():
+        return target / RESULTS_FILE
+    found = sorted((target / "eval").glob(f"**/{RESULTS_FILE}"), key=lambda p: p.stat().st_mtime) \
+        if (target / "eval").is_dir() else []
+    if found:
+        return found[-1]
+    raise UserError(f"no {RESULTS_FILE} in '{target}' (give a results.json, an eval folder, or a run folder "
+                    "with eval/ results)")
+
+
+def load_results(target: Path) -> tuple[str, dict]:
+    """(label, results document) of one --compare argument."""
+    path = find_results(target)
+    try:
+        document = json.loads(path.read_text())
+        document["benchmarks"]
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"'{path}' is not a results.json written by meds eval") from None
+    return document.get("model") or path.parent.name, document
+
+
+def _unique_labels(labelled: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    seen: dict[str, int] = {}
+    out = []
+    for label, doc in labelled:
+        seen[label] = seen.get(label, 0) + 1
+        out.append((label if seen[label] == 1 else f"{label} ({seen[label]})", doc))
+    return out
+
+
+def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
+    """Rows: benchmark x eval; columns: the pass@k values all of them share, and maj@k at the top k."""
+    table = Table(title="comparison", title_justify="left")
+    table.add_column("benchmark")
+    table.add_column("eval")
+    key_sets = [list(s["pass@k"]) for _, d in labelled for s in d["benchmarks"].values()]
+    common = [k for k in key_sets[0] if all(k in ks for ks in key_sets)] if key_sets else []
+    ks = _shown_ks(common)
+    for k in ks:
+        table.add_column(f"pass@{k}", justify="right")
+    top = ks[-1] if ks else None
+    table.add_column(f"maj@{top}", justify="right")
+    table.add_column("problems", justify="right")
+    names = list(dict.fromkeys(name for _, doc in labelled for name in doc["benchmarks"]))
+    for name in names:
+        for label, doc in labelled:
+            scores = doc["benchmarks"].get(name)
+            if scores is None:
+                continue
+            table.add_row(name, label, *[_pct(scores["pass@k"].get(k)) for k in ks],
+                          _pct((scores.get("maj@k") or {}).get(top)), str(scores["problems"]))
+        table.add_section()
+    return table
+
+
+def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
+    """Draw several evals on one plot and print a comparison table; writes compare.json too."""
+    if len(targets) < 2:
+        raise UserError(f"--compare needs at least two evals (runs, eval folders or results.json files), got {len(targets)}")
+    labelled = _unique_labels([load_results(t) for t in targets])
+    folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    console.print(comparison_table(labelled))
+    plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
+    summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
+                         for (label, doc), t in zip(labelled, targets)]}
+    (folder / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(f"plot: {plot}")
+    return folder
