@@ -68,5 +68,22 @@ def list_cmd():
     print_registries()
 
 
+@app.command("cluster-inspect")
+def cluster_inspect_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder of a MEDS run.")],
+    step: Annotated[Optional[int], typer.Option(help="Checkpoint step to read (default: the latest).")] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="Prompt id to detail (default: the one with the largest wrong cluster).")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    output: Annotated[Optional[Path], typer.Option(help="Folder for the PNGs (default RUN_DIR/inspect).")] = None,
+):
+    """Inspect the MEDS memory of a run: clusters per prompt, samples, ARI vs answers, plots."""
+    from meds_cli.cluster_inspect import cluster_inspect
+
+    try:
+        cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
+    except UserError as e:
+        fail(str(e))
+
+
 def run():  # pragma: no cover - console entry for `python -m meds_cli`
     app()

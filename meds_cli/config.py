@@ -107,7 +107,7 @@ class TrainConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = doc("grpo", "algorithm (see `meds list`)")
+    name: str = doc("meds", "algorithm (see `meds list`)")
     base: str = doc("dapo", "base algorithm under a shaping method (meds, edas)")
 
 

@@ -1,0 +1,200 @@
+"""MEDS: Memory-Enhanced Dynamic reward Shaping (Liu et al. 2026, arXiv 2604.11297).
+
+A shaping method on a base algorithm (DAPO by default, as the paper compares against DAPO; GRPO
+with `--base grpo`). Departures from the base, each in this file's hooks:
+- observe_forward: logic features of every response from the sampling forward pass that already
+  computes the old log-probs (no extra model call): the logit lens at the first token of the
+  final answer, one scalar per chosen layer (algorithms/meds_features.py);
+- shape_rewards: per prompt, HDBSCAN over the prompt's memory plus the current responses; a wrong
+  response in a cluster of |C| members loses min(alpha * log(|C| + 1), beta) (algorithms/meds_memory.py);
+- on_step_end: the trained responses join their prompt's memory (bounded, oldest dropped);
+- state_dict: the memory, so that a resumed run shapes rewards exactly as an uninterrupted one.
+
+Choices where the paper is open (docs/algorithms.md MEDS):
+- Wrong responses are clustered against the memory of past *wrong* responses only (the paper's
+  per-prompt "error memory"; the reference code keys its memory by prompt and correctness too).
+  With `target: both`, correct responses are clustered against the correct memory and their
+  reward divided by 1 + penalty (reference code).
+- Memory holds the responses the update trains on, i.e. after DAPO's dynamic sampling dropped
+  groups with equal rewards (the reference code clusters the filtered batch as well).
+- With several processes each keeps the memory of the prompts it sampled (saved per rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from algorithms.base import OnBase, register
+from algorithms.meds_features import answer_anchor, check_layer_spec, lens_logits, resolve_layers
+from algorithms.meds_memory import (KINDS, NOISE, ClusterSettings, Memory, assign_clusters, bounded, cluster_penalty,
+                                    l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
+from meds_cli.config import choice, doc
+from meds_cli.errors import UserError
+from meds_cli.model import output_head
+
+FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
+ANCHOR_INDEX = "meds_anchor_index"
+ANCHOR_KIND = "meds_anchor"
+CLUSTER_SIZE = "meds_cluster_size"
+PENALTY = "meds_penalty"
+LABEL = "meds_label"
+
+
+@dataclass
+class MEDSConfig:
+    layers: str | list[int] = doc("last_half", "logit-lens layers: last_half (last N//2), last:K, or a list of layer numbers")
+    final_norm: bool = doc(False, "apply the final norm before the head on intermediate layers (reference code: no)")
+    memory_size: int = doc(128, "entries kept per prompt and kind (wrong / correct); oldest dropped")
+    min_cluster_size: int = doc(2, "HDBSCAN min_cluster_size")
+    min_samples: int = doc(1, "HDBSCAN min_samples")
+    allow_single_cluster: bool = doc(False, "HDBSCAN allow_single_cluster (reference code: false)")
+    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit (reference code)")
+    knn_k: int = doc(3, "neighbours in the knn vote")
+    noise: str = choice("zero", ["zero", "singleton"], "|C| of a noise point: 0 (no penalty) or 1")
+    alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
+    beta: float = doc(0.2, "penalty cap")
+    target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
+    snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
+
+
+@register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
+class MEDS(OnBase):
+    config_class = MEDSConfig
+
+    def __init__(self, config, run, base):
+        super().__init__(config, run, base)
+        check_layer_spec(config.layers)
+        for key in ("memory_size", "min_cluster_size", "min_samples", "knn_k"):
+            if getattr(config, key) < (2 if key == "min_cluster_size" else 1):
+                raise UserError(f"meds.{key} must be at least {2 if key == 'min_cluster_size' else 1}, got {getattr(config, key)}")
+        import hdbscan  # noqa: F401  (seconds to import: pay it before the first step, not inside it)
+
+        self.memory = Memory()
+        self.settings = ClusterSettings(config.min_cluster_size, config.min_samples, config.allow_single_cluster,
+                                        config.noise, config.assign, config.knn_k)
+        self._pending: dict | None = None
+        self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
+        self._metrics: dict[str, float] = {}
+
+    @property
+    def wants_hidden_states(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------ features
+
+    def observe_forward(self, rollouts, view):
+        self.base.observe_forward(rollouts, view)
+        if view.hidden_states is None:
+            return
+        layers = self._layers = resolve_layers(self.config.layers, len(view.hidden_states) - 1)
+        start, stop, _ = view.rows.indices(rollouts.size)
+        lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
+        anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
+                                 bool(rollouts.truncated[i]), view.tokenizer)
+                   for i, n in zip(range(start, stop), lengths)]
+        index = torch.tensor([j for j, _ in anchors], dtype=torch.long)
+        device = view.hidden_states[0].device
+        tokens = rollouts.response_ids[start:stop].gather(1, index.unsqueeze(1)).squeeze(1)
+        norm, head = output_head(view.model)
+        values = lens_logits(view.hidden_states, layers, torch.arange(stop - start, device=device),
+                             (rollouts.prompt_width + index - 1).to(device), tokens.to(device), head,
+                             norm if self.config.final_norm else None).cpu()
+        extras = rollouts.extras
+        if FEATURES not in extras:
+            extras[FEATURES] = torch.zeros(rollouts.size, len(layers))
+            extras[ANCHOR_INDEX] = torch.zeros(rollouts.size, dtype=torch.long)
+            extras[ANCHOR_KIND] = [""] * rollouts.size
+        extras[FEATURES][start:stop] = values
+        extras[ANCHOR_INDEX][start:stop] = index
+        extras[ANCHOR_KIND][start:stop] = [kind for _, kind in anchors]
+
+    # ------------------------------------------------------------ shaping
+
+    def shape_rewards(self, rollouts):
+        self.base.shape_rewards(rollouts)
+        if FEATURES not in rollouts.extras:
+            raise RuntimeError("MEDS found no features: observe_forward did not run on this batch")
+        cfg, g = self.config, rollouts.group_size
+        features = rollouts.extras[FEATURES]
+        correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
+        sizes = torch.zeros(rollouts.size, dtype=torch.long)
+        labels = torch.full((rollouts.size,), NOISE, dtype=torch.long)
+        shaped_kinds = ("wrong", "correct") if cfg.target == "both" else ("wrong",)
+        pending, clusters = [], {kind: [] for kind in KINDS}
+        for group, problem in enumerate(rollouts.problems):
+            rows = torch.arange(group * g, group * g + g)
+            for kind in KINDS:
+                members = rows[correct[rows] == (kind == "correct")]
+                if len(members) == 0:
+                    continue
+                if kind not in shaped_kinds:  # remembered for inspection, never clustered in training
+                    pending.append((problem.id, kind, members, None, False))
+                    continue
+                bank = self.memory.bank(problem.id, kind, features.shape[1])
+                if len(bank) and bank.features.shape[1] != features.shape[1]:
+                    raise UserError(f"MEDS memory holds {bank.features.shape[1]} layers per entry but this run extracts "
+                                    f"{features.shape[1]}; resume with the meds.layers the run started with")
+                fit = assign_clusters(bank.features.numpy(), np.asarray(bank.labels), features[members].numpy(), self.settings)
+                sizes[members] = torch.from_numpy(fit.sizes)
+                labels[members] = torch.from_numpy(fit.labels)
+                clusters[kind].append(fit.clusters)
+                pending.append((problem.id, kind, members, fit.fitted_labels, fit.fitted_labels is None))
+        # |C| = 0 (no cluster, or a kind that is not shaped) gives min(alpha * log 1, beta) = 0.
+        penalty = cluster_penalty(sizes, cfg.alpha, cfg.beta)
+        rollouts.rewards = shape_rewards_with_penalty(rollouts.rewards, correct, penalty, cfg.target)
+        rollouts.extras.update({CLUSTER_SIZE: sizes, PENALTY: penalty, LABEL: labels})
+        self._pending = {"batch": id(rollouts), "groups": pending}
+        self._metrics = self._diagnostics(rollouts, correct, clusters)
+
+    def _diagnostics(self, rollouts, correct, clusters) -> dict[str, float]:
+        wrong = ~correct
+        ex = rollouts.extras
+        out = {"meds/clusters_per_prompt": float(np.mean(clusters["wrong"])) if clusters["wrong"] else 0.0}
+        if wrong.any():
+            out["meds/noise_share"] = (ex[LABEL][wrong] == NOISE).float().mean().item()
+            out["meds/wrong_cluster_size_mean"] = ex[CLUSTER_SIZE][wrong].float().mean().item()
+            out["meds/wrong_penalty_mean"] = ex[PENALTY][wrong].mean().item()
+        if self.config.target == "both" and correct.any():
+            out["meds/correct_clusters_per_prompt"] = float(np.mean(clusters["correct"])) if clusters["correct"] else 0.0
+            out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
+        g = rollouts.group_size
+        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][s:s + g].numpy())) for s in range(0, rollouts.size, g)]
+        ratios = [r for r in ratios if r is not None]
+        if ratios:
+            out["meds/eigen_ratio_top1"] = float(np.mean(ratios))
+        out["meds/boxed_anchor_share"] = sum(k == "boxed" for k in ex[ANCHOR_KIND]) / max(1, rollouts.size)
+        return out
+
+    # ------------------------------------------------------------ memory
+
+    def on_step_end(self, rollouts, step):
+        self.base.on_step_end(rollouts, step)
+        pending, self._pending = self._pending, None
+        if pending is None or pending["batch"] != id(rollouts):
+            raise RuntimeError("MEDS on_step_end got a batch that shape_rewards did not see")
+        cfg = self.config
+        features = rollouts.extras[FEATURES]
+        for prompt_id, kind, members, fitted, refit_after in pending["groups"]:
+            bank = self.memory.bank(prompt_id, kind, features.shape[1])
+            rows = members.tolist()
+            bank.extend(features[members], [bounded(rollouts.verdicts[i].extracted) for i in rows],
+                        [snippet(rollouts.response_texts[i], cfg.snippet_chars) for i in rows], step, fitted,
+                        cfg.memory_size)
+            if refit_after:  # knn: refit the memory so the next step votes against fresh labels
+                bank.labels = self.settings.labels(bank.features.numpy()).tolist()
+            self.memory.put(prompt_id, kind, bank)
+        self._metrics["meds/memory_entries_per_prompt"] = self.memory.entries() / max(1, len(self.memory.banks))
+
+    def step_metrics(self, rollouts):
+        return {**self.base.step_metrics(rollouts), **self._metrics}
+
+    def state_dict(self):
+        return {**super().state_dict(), "memory": self.memory.state_dict(), "layers": list(self._layers)}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.memory.load_state_dict(state.get("memory", {}))
+        self._layers = list(state.get("layers", []))

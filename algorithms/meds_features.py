@@ -1,0 +1,119 @@
+"""MEDS logic features: layer-wise logits (logit lens) of the first token of the final answer.
+
+Liu et al. 2026 (arXiv 2604.11297), Method, "logic feature extraction"; docs/algorithms.md MEDS
+step 1: f(y) = concat(l*(n), n in the chosen layers), where l*(n) is the logit of the answer's
+first token y* read from layer n's hidden state through the model's output head.
+
+Anchor: which response token y* is.
+- 'boxed': the response has a `\\boxed{` (the last one, closed or not) followed by at least one
+  character: y* is the token that produces the first character after the brace.
+- 'last': no usable `\\boxed{` in a response that ended by itself: y* is its last token, the EOS
+  (the model's confidence in stopping stands in for an answer).
+- 'truncated': no usable `\\boxed{` in a response cut by the length limit: y* is the last token
+  generated before the cut. A truncated response that did open `\\boxed{` with content is 'boxed'.
+Response token j is predicted at full-sequence column prompt_width + j - 1 (prompts are left-padded
+to prompt_width), so that column's hidden state at each layer is projected, for one position per
+response only: a dot product with the head's row of y*, not a full vocabulary projection.
+
+Layer numbering follows transformers' `hidden_states`: 0 is the embedding output, n = 1..N the
+output of decoder layer n. transformers returns entry N after the model's final norm already
+(Llama, Qwen2, SmolLM2), so layer N's value is exactly the model's own logit of y*;
+`final_norm: true` applies the final norm to the other chosen layers as well (the reference code
+does not). `last_half` is the last N // 2 layers (14 numbers for a 28-layer model: the paper's
+MEDS-14), `last:K` the last K, or an explicit list (negative numbers count from N).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.answer_extraction import last_boxed_start
+from meds_cli.errors import UserError
+
+ANCHORS = ("boxed", "last", "truncated")
+
+
+def check_layer_spec(spec) -> None:
+    """Fail early on a malformed `meds.layers` (the layer count is known only at the first forward)."""
+    if isinstance(spec, list):
+        if not spec or not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
+            raise UserError(f"meds.layers list {spec!r} must hold layer numbers (0 = embeddings, 1..N)")
+        return
+    if spec == "last_half":
+        return
+    if isinstance(spec, str) and spec.startswith("last:"):
+        count = spec[5:]
+        if count.isdigit() and int(count) > 0:
+            return
+    raise UserError(f"meds.layers '{spec}' is not valid; accepted: last_half, last:K (K >= 1), or a list such as [14, 21, 28]")
+
+
+def resolve_layers(spec, num_layers: int) -> list[int]:
+    """The hidden-state indices named by `spec` for a model with `num_layers` decoder layers."""
+    check_layer_spec(spec)
+    n = num_layers
+    if spec == "last_half":
+        return list(range(n - max(1, n // 2) + 1, n + 1))
+    if isinstance(spec, str):
+        k = int(spec[5:])
+        if k > n:
+            raise UserError(f"meds.layers 'last:{k}' asks for more layers than the model has ({n})")
+        return list(range(n - k + 1, n + 1))
+    layers = []
+    for value in spec:
+        index = n + 1 + value if value < 0 else value
+        if not 0 <= index <= n:
+            raise UserError(f"meds.layers has layer {value}; this model has layers 0..{n} (negative counts from the end)")
+        layers.append(index)
+    return layers
+
+
+def char_to_token(tokenizer, token_ids: list[int], offset: int) -> int | None:
+    """Index of the token whose decoded text covers character `offset` of decode(token_ids), or None
+    past the end. Binary search on prefix decodes: exact for any tokenizer whose prefix decodes are
+    prefixes of the full decode, and log2(R) decodes per response."""
+    lo, hi = 1, len(token_ids)
+    if hi == 0 or len(tokenizer.decode(token_ids, skip_special_tokens=True)) <= offset:
+        return None
+    while lo < hi:  # smallest k with len(decode(ids[:k])) > offset
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(token_ids[:mid], skip_special_tokens=True)) > offset:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+
+
+def answer_anchor(text: str, token_ids: list[int], truncated: bool, tokenizer) -> tuple[int, str]:
+    """(index j of y* among the response tokens, anchor kind); see the module docstring."""
+    last = max(0, len(token_ids) - 1)
+    start = last_boxed_start(text) if text else None
+    if start is not None and tokenizer is not None:
+        j = char_to_token(tokenizer, token_ids, start)
+        if j is not None:
+            return j, "boxed"
+    return last, "truncated" if truncated else "last"
+
+
+def lens_logits(hidden_states, layers: list[int], rows: torch.Tensor, columns: torch.Tensor, tokens: torch.Tensor,
+                head, norm=None) -> torch.Tensor:
+    """[b, len(layers)] logit of `tokens` read from each layer's hidden state at (rows, columns).
+    `norm` (the final norm) is applied to every layer but the last entry, which transformers
+    returns normalised already."""
+    last = len(hidden_states) - 1
+    states = []
+    for n in layers:
+        h = hidden_states[n][rows, columns]  # [b, H]: one position per response
+        if norm is not None and n != last:
+            h = norm(h)
+        states.append(h)
+    h = torch.stack(states, dim=1)  # [b, L, H]
+    weight = getattr(head, "weight", None)
+    if isinstance(head, torch.nn.Linear) and weight is not None:
+        w = weight[tokens.to(weight.device)].float()  # [b, H]: the head's row of each answer token
+        values = (h.float() * w.unsqueeze(1)).sum(-1)
+        if head.bias is not None:
+            values = values + head.bias[tokens].float().unsqueeze(1)
+        return values
+    full = head(h).float()  # an unusual head (wrapped, scaled): project fully, still one position
+    return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, len(layers), 1)).squeeze(-1)

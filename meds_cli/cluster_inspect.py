@@ -1,0 +1,291 @@
+"""`meds cluster-inspect RUN_DIR`: what the MEDS memory of a run holds, cluster by cluster.
+
+Reads the MEDS memory saved in a checkpoint (checkpoints/step_N/algorithm_<rank>.pt; ranks are
+merged) and, per prompt, refits HDBSCAN with the run's own settings over all its remembered
+responses, wrong and correct together, so that a cluster's share of wrong answers means
+something (training clusters wrong and correct responses apart; the table also shows the
+training's own count of wrong clusters). Writes three PNGs (a PCA projection of one prompt's
+memory coloured by cluster, a heatmap of its layer-logit trajectories grouped by cluster, and
+the eigen ratio and cluster count over steps from metrics.jsonl) and prints a table, or with
+--json the same data as one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from meds_cli import runs
+from meds_cli.errors import UserError, nearest
+
+SAMPLES = 2  # sample responses shown per cluster
+TOP_ANSWERS = 3
+
+
+def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
+    """(checkpoint step, {prompt_id: {kind: bank state}}, feature layer numbers) of a MEDS run."""
+    import torch
+
+    checkpoint = runs.find_checkpoint(run_dir, step)
+    files = sorted(checkpoint.glob("algorithm_*.pt"))
+    if not files:
+        raise UserError(f"checkpoint {checkpoint} has no algorithm state (algorithm_<rank>.pt)")
+    merged: dict = {}
+    layers: list[int] = []
+    for path in files:
+        state = torch.load(path, weights_only=False)
+        if "memory" not in state:
+            algo = json.loads((checkpoint / "state.json").read_text()).get("algorithm", "?")
+            raise UserError(f"run '{run_dir}' was trained with '{algo}', not meds: it has no MEDS memory to inspect")
+        layers = layers or list(state.get("layers", []))
+        for pid, kinds in state["memory"].items():
+            for kind, bank in kinds.items():
+                into = merged.setdefault(pid, {}).setdefault(kind, {"features": [], "answers": [], "snippets": [],
+                                                                     "steps": [], "labels": []})
+                into["features"].append(bank["features"].numpy())
+                for key in ("answers", "snippets", "steps", "labels"):
+                    into[key] += list(bank[key])
+    for kinds in merged.values():
+        for bank in kinds.values():
+            bank["features"] = np.concatenate(bank["features"]) if bank["features"] else np.zeros((0, 0))
+    return int(checkpoint.name.split("_")[1]), merged, layers
+
+
+def run_settings(run_dir: Path):
+    from algorithms.meds_memory import ClusterSettings
+    from meds_cli.config import load_config
+
+    cfg = load_config([str(run_dir / "config.yaml")])
+    m = cfg.section("meds")
+    return ClusterSettings(m.min_cluster_size, m.min_samples, m.allow_single_cluster, m.noise, m.assign, m.knn_k)
+
+
+def prompt_entries(kinds: dict) -> dict:
+    """One prompt's wrong and correct entries as parallel arrays (wrong first)."""
+    parts = [(kind, kinds[kind]) for kind in ("wrong", "correct") if kind in kinds and len(kinds[kind]["answers"])]
+    if not parts:
+        return {"features": np.zeros((0, 1)), "wrong": np.zeros(0, bool), "answers": [], "snippets": [], "steps": []}
+    return {
+        "features": np.concatenate([b["features"] for _, b in parts]),
+        "wrong": np.concatenate([np.full(len(b["answers"]), kind == "wrong") for kind, b in parts]),
+        "answers": [a for _, b in parts for a in b["answers"]],
+        "snippets": [s for _, b in parts for s in b["snippets"]],
+        "steps": [s for _, b in parts for s in b["steps"]],
+    }
+
+
+def answer_ari(labels: np.ndarray, answers: list) -> float | None:
+    """Adjusted Rand index of the clusters vs the final-answer classes (no answer is a class of its
+    own); each noise point is its own cluster, not one shared 'noise' cluster."""
+    from sklearn.metrics import adjusted_rand_score
+
+    if len(labels) < 2:
+        return None
+    clusters = [f"c{v}" if v >= 0 else f"n{i}" for i, v in enumerate(labels.tolist())]
+    classes = ["<none>" if a is None else str(a) for a in answers]
+    return float(adjusted_rand_score(classes, clusters))
+
+
+def analyse_prompt(pid: str, kinds: dict, settings) -> dict:
+    entries = prompt_entries(kinds)
+    labels = settings.labels(entries["features"]) if len(entries["answers"]) else np.zeros(0, np.int64)
+    wrong = entries["wrong"]
+    clusters = []
+    for label in sorted(set(labels.tolist()), key=lambda v: (v < 0, v)):  # noise last
+        idx = np.flatnonzero(labels == label)
+        answers = Counter("<none>" if entries["answers"][i] is None else entries["answers"][i] for i in idx)
+        newest = sorted(idx, key=lambda i: entries["steps"][i], reverse=True)[:SAMPLES]
+        clusters.append({
+            "label": int(label), "size": int(len(idx)), "share_wrong": float(wrong[idx].mean()),
+            "top_answers": [[a, n] for a, n in answers.most_common(TOP_ANSWERS)],
+            "samples": [entries["snippets"][i] for i in newest],
+        })
+    real = [c for c in clusters if c["label"] >= 0]
+    wrong_sizes = [int(np.sum(wrong[labels == c["label"]])) for c in real]
+    training = kinds.get("wrong", {}).get("labels", [])
+    return {
+        "prompt": pid, "entries": int(len(labels)), "wrong": int(wrong.sum()), "correct": int((~wrong).sum()),
+        "clusters": len(real), "largest_wrong_cluster": max(wrong_sizes, default=0),
+        "noise": int(np.sum(labels < 0)), "training_wrong_clusters": len(set(training) - {-1}),
+        "ari_answers": answer_ari(labels, entries["answers"]),
+        "clusters_detail": clusters, "_labels": labels, "_entries": entries,
+    }
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colours(labels: np.ndarray):
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10")
+    return [(0.6, 0.6, 0.6, 1.0) if v < 0 else cmap(v % 10) for v in labels.tolist()]
+
+
+def plot_projection(analysis: dict, path: Path) -> None:
+    """PCA to 2-D of the L2-normalised features (the space HDBSCAN sees), coloured by cluster."""
+    from algorithms.meds_memory import l2_normalize
+
+    plt = _pyplot()
+    x = l2_normalize(analysis["_entries"]["features"])
+    labels, wrong = analysis["_labels"], analysis["_entries"]["wrong"]
+    centred = x - x.mean(axis=0, keepdims=True)
+    if len(x) >= 2 and x.shape[1] >= 2:
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        xy = centred @ vt[:2].T
+    else:
+        xy = np.column_stack([centred[:, 0] if x.shape[1] else np.zeros(len(x)), np.zeros(len(x))])
+    colours = np.array(_colours(labels)).reshape(-1, 4)
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for mask, marker, name in [(wrong, "x", "wrong"), (~wrong, "o", "correct")]:
+        if mask.any():
+            ax.scatter(xy[mask, 0], xy[mask, 1], c=colours[mask], marker=marker, label=name, s=28)
+    ax.set_title(f"{analysis['prompt']}: memory, PCA of normalised layer logits\n"
+                 f"{analysis['clusters']} clusters (grey = noise), x wrong, o correct")
+    ax.set_xlabel("PC 1")
+    ax.set_ylabel("PC 2")
+    legend = ax.legend(loc="best")
+    for handle in legend.legend_handles:  # the marker, not a cluster's colour, tells wrong from correct
+        handle.set_color("black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_heatmap(analysis: dict, layers: list[int], path: Path) -> None:
+    """Layer-logit trajectories (rows: responses grouped by cluster, noise last; columns: layers)."""
+    plt = _pyplot()
+    labels = analysis["_labels"]
+    feats = analysis["_entries"]["features"]
+    order = sorted(range(len(labels)), key=lambda i: (labels[i] < 0, labels[i], i))
+    fig, ax = plt.subplots(figsize=(7, max(3.0, min(12.0, 0.12 * len(order) + 2))))
+    if len(order):
+        image = ax.imshow(feats[order], aspect="auto", cmap="viridis", interpolation="nearest")
+        fig.colorbar(image, ax=ax, label="logit of the answer token")
+        sorted_labels = labels[order]
+        for row in np.flatnonzero(np.diff(sorted_labels)) + 0.5:
+            ax.axhline(row, color="white", linewidth=1.2)
+        starts = [0] + list(np.flatnonzero(np.diff(sorted_labels)) + 1)
+        ax.set_yticks(starts, [("noise" if sorted_labels[s] < 0 else f"C{sorted_labels[s]}") for s in starts])
+        names = layers if len(layers) == feats.shape[1] else list(range(feats.shape[1]))
+        ax.set_xticks(range(feats.shape[1]), [str(n) for n in names])
+    ax.set_xlabel("layer")
+    ax.set_title(f"{analysis['prompt']}: layer-logit trajectories by cluster")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+STEP_KEYS = ("meds/eigen_ratio_top1", "meds/clusters_per_prompt")
+
+
+def step_series(run_dir: Path) -> dict[str, list]:
+    rows = runs.MetricsLog(run_dir / "metrics.jsonl").rows()
+    return {key: [[r["step"], r[key]] for r in rows if key in r] for key in STEP_KEYS}
+
+
+def plot_steps(series: dict, path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for ax, key, title in zip(axes, STEP_KEYS, ["top-1 eigen ratio (lower = more diverse)", "clusters per prompt (wrong)"]):
+        points = series.get(key, [])
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_ylabel(key.split("/")[-1])
+        ax.set_title(title, fontsize=10)
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | None = None,
+                output: str | Path | None = None) -> dict:
+    """Everything the command shows, as plain data; writes the PNGs under `output`."""
+    run_dir = runs.resolve_run_dir(str(run_path))
+    checkpoint_step, memory, layers = load_memory(run_dir, step)
+    if not memory:
+        raise UserError(f"the MEDS memory at step {checkpoint_step} of '{run_dir}' is empty (no responses remembered yet)")
+    if prompt is not None and prompt not in memory:
+        raise UserError(f"prompt '{prompt}' is not in the memory{nearest(prompt, memory)}; "
+                        f"{len(memory)} prompts, e.g. {', '.join(sorted(memory)[:5])}")
+    settings = run_settings(run_dir)
+    analyses = {pid: analyse_prompt(pid, kinds, settings) for pid, kinds in sorted(memory.items())}
+    if prompt is None:  # the most repeated error is the most telling one
+        prompt = max(analyses.values(), key=lambda a: (a["largest_wrong_cluster"], a["entries"]))["prompt"]
+    chosen = analyses[prompt]
+    out_dir = Path(output) if output else run_dir / "inspect"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prompt)
+    plots = {"projection": out_dir / f"projection_{safe}.png", "heatmap": out_dir / f"heatmap_{safe}.png",
+             "steps": out_dir / "steps.png"}
+    plot_projection(chosen, plots["projection"])
+    plot_heatmap(chosen, layers, plots["heatmap"])
+    series = step_series(run_dir)
+    plot_steps(series, plots["steps"])
+    aris = [a["ari_answers"] for a in analyses.values() if a["ari_answers"] is not None]
+    public = lambda a: {k: v for k, v in a.items() if not k.startswith("_") and k != "clusters_detail"}  # noqa: E731
+    return {
+        "run": str(run_dir), "checkpoint_step": checkpoint_step, "layers": layers,
+        "settings": {"min_cluster_size": settings.min_cluster_size, "min_samples": settings.min_samples,
+                     "allow_single_cluster": settings.allow_single_cluster},
+        "prompts": [public(a) for a in analyses.values()],
+        "ari_answers_mean": float(np.mean(aris)) if aris else None,
+        "prompt": {**public(chosen), "clusters_detail": chosen["clusters_detail"]},
+        "steps": series,
+        "plots": {k: str(v) for k, v in plots.items()},
+    }
+
+
+def print_report(report: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"MEDS memory of {report['run']} at step {report['checkpoint_step']}", title_justify="left")
+    # short headers: the table has to fit a terminal; the JSON keys spell them out
+    for name in ["prompt", "entries", "wrong", "correct", "clusters", "max wrong C", "noise", "train C", "ARI"]:
+        table.add_column(name, justify="left" if name == "prompt" else "right")
+    for row in report["prompts"]:
+        ari = "-" if row["ari_answers"] is None else f"{row['ari_answers']:.2f}"
+        table.add_row(row["prompt"], *(str(row[k]) for k in ["entries", "wrong", "correct", "clusters",
+                                                             "largest_wrong_cluster", "noise", "training_wrong_clusters"]), ari)
+    console.print(table)
+    mean = report["ari_answers_mean"]
+    console.print("max wrong C: wrong members of the largest cluster; train C: wrong clusters as training saw them; "
+                  "ARI: adjusted Rand index of clusters vs final answers")
+    console.print(f"mean ARI of clusters vs final answers: {'-' if mean is None else f'{mean:.3f}'}")
+    chosen = report["prompt"]
+    detail = Table(title=f"prompt {chosen['prompt']}: clusters", title_justify="left")
+    for name in ["cluster", "size", "share wrong", "most common answers", "samples"]:
+        detail.add_column(name, overflow="fold")
+    for c in chosen["clusters_detail"]:
+        answers = ", ".join(f"{a} ({n})" for a, n in c["top_answers"])
+        samples = "\n".join(repr(s) for s in c["samples"])
+        detail.add_row("noise" if c["label"] < 0 else f"C{c['label']}", str(c["size"]), f"{c['share_wrong']:.2f}",
+                       answers, samples)
+    console.print(detail)
+    for name, path in report["plots"].items():
+        console.print(f"{name}: {path}")
+
+
+def cluster_inspect(run_path, *, step=None, prompt=None, output=None, as_json=False) -> None:
+    report = inspect_run(run_path, step=step, prompt=prompt, output=output)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)

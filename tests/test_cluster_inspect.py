@@ -1,0 +1,79 @@
+"""`meds cluster-inspect` on a short real MEDS run of the tiny model."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from meds_cli.app import app
+from meds_cli.cluster_inspect import inspect_run
+from meds_cli.config import dump_yaml
+from meds_cli.errors import UserError
+from meds_cli.trainer import Trainer
+from tests.conftest import tiny_config
+
+PNG = b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("meds-run")
+    cfg = tiny_config("algo.name=meds", "train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=8",
+                      "rollout.max_new_tokens=6", "dapo.dynamic_sampling=false", "meds.snippet_chars=8")
+    trainer = Trainer(cfg, folder)
+    dump_yaml(cfg, folder / "config.yaml", sections=trainer.algorithm.config_sections)  # as `meds train` does
+    trainer.train()  # checkpoint at the last step
+    return folder
+
+
+def test_report_and_plots(run_dir, tmp_path):
+    report = inspect_run(run_dir, output=tmp_path / "png")
+    assert report["checkpoint_step"] == 3 and report["layers"] == [3, 4]
+    rows = report["prompts"]
+    assert rows and all(r["entries"] == r["wrong"] + r["correct"] for r in rows)
+    chosen = report["prompt"]
+    assert chosen["prompt"] == max(rows, key=lambda r: (r["largest_wrong_cluster"], r["entries"]))["prompt"]
+    assert sum(c["size"] for c in chosen["clusters_detail"]) == chosen["entries"]
+    for c in chosen["clusters_detail"]:
+        assert 0.0 <= c["share_wrong"] <= 1.0 and len(c["samples"]) <= 2
+        assert all(len(s) <= 8 for s in c["samples"])  # snippets are bounded in memory
+    assert [p[0] for p in report["steps"]["meds/eigen_ratio_top1"]] == [1, 2, 3]
+    for path in report["plots"].values():
+        assert path.startswith(str(tmp_path / "png"))
+        with open(path, "rb") as f:
+            assert f.read(4) == PNG
+
+
+def test_cli_json_prompt_and_step(run_dir, tmp_path):
+    runner = CliRunner()
+    first = inspect_run(run_dir, output=tmp_path)["prompts"][0]["prompt"]
+    result = runner.invoke(app, ["cluster-inspect", str(run_dir), "--json", "--step", "3", "--prompt", first,
+                                 "--output", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["prompt"]["prompt"] == first and data["checkpoint_step"] == 3
+    assert set(data["plots"]) == {"projection", "heatmap", "steps"}
+    table = runner.invoke(app, ["cluster-inspect", str(run_dir), "--output", str(tmp_path / "cli")])
+    assert table.exit_code == 0 and "clusters" in table.stdout
+    assert (run_dir / "inspect").exists() is False  # --output was honoured
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--step", "2"], "no checkpoint at step 2"),
+    (["--prompt", "copy-77"], "not in the memory"),
+])
+def test_user_errors_exit_2(run_dir, args, message):
+    result = CliRunner().invoke(app, ["cluster-inspect", str(run_dir), *args])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_not_a_run_and_not_meds(run_dir, tmp_path):
+    result = CliRunner().invoke(app, ["cluster-inspect", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run folder" in result.output
+    other = tmp_path / "dapo-run"
+    shutil.copytree(run_dir, other)
+    torch.save({}, other / "checkpoints/step_3/algorithm_0.pt")  # what a DAPO run saves
+    with pytest.raises(UserError, match="not meds"):
+        inspect_run(other)
