@@ -60,6 +60,48 @@ def train(
     raise typer.Exit(code)
 
 
+@app.command("eval")
+def eval_cmd(
+    targets: Annotated[Optional[list[Path]], typer.Argument(help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json files.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
+    step: Annotated[Optional[int], typer.Option(help="Checkpoint step of the run (default: the latest).")] = None,
+    benchmarks: Annotated[str, typer.Option(help="Comma-separated benchmarks (see `meds list`).")] = "math500",
+    k: Annotated[int, typer.Option("--k", help="Report pass@k and maj@k for k = 1, 2, 4, ... up to this.")] = 128,
+    n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (like shared/data); default: the dataset hub.")] = None,
+    prompt: Annotated[str, typer.Option(help="Prompt template: boxed (Qwen-Math, plain text) or chat (the model's chat template).")] = "boxed",
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
+    max_new_tokens: Annotated[int, typer.Option(help="Response length limit in tokens.")] = 4096,
+    seed: Annotated[int, typer.Option(help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Sequences per HF generate call.")] = 64,
+    backend: Annotated[str, typer.Option(help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
+    dtype: Annotated[Optional[str], typer.Option(help="Weight dtype (default: the run's, else bfloat16 on GPU, float32 on CPU).")] = None,
+    output: Annotated[Optional[Path], typer.Option(help="Output folder (default RUN_DIR/eval/step_N, or runs/eval-<time>-<model>); an existing one is resumed.")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Compare the given evals on one plot and a table; generates nothing.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+):
+    """Evaluate a run's checkpoint or a model on benchmarks: pass@k, maj@k, length; resumable."""
+    from meds_cli.eval_command import run_compare, run_eval, settings_from_options
+
+    try:
+        if compare:
+            run_compare(targets or [], output)
+            return
+        if len(targets or []) > 1:
+            raise UserError(f"give one run folder, got {len(targets)}; to compare evals add --compare")
+        settings = settings_from_options(benchmarks, k=k, n=n, limit=limit, data_dir=data_dir, prompt=prompt,
+                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                         seed=seed, batch_size=batch_size, backend=backend)
+        run_eval(run_dir=targets[0] if targets else None, model=model, step=step, settings=settings,
+                 output=output, dtype=dtype, quiet=quiet)
+    except UserError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
 @app.command("list")
 def list_cmd():
     """List the registered algorithms, tasks, benchmarks and model aliases."""
