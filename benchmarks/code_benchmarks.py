@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.code_extraction import defines, extract_code
+from benchmarks.code_extraction import defines, extract_code, parses
 from benchmarks.registry import BENCHMARKS, Benchmark, Problem, Verdict
 from benchmarks.sandbox import Job, ProgramResult, run_many
 from meds_cli.errors import UserError
@@ -53,7 +53,7 @@ _REPORT = "report.jsonl"
 DIGEST_OVER = 256 * 1024
 # An expected output with more items than this (Mbpp/255 has one of 1.6 million 77-tuples)
 # costs more to ship and compare than the test is worth: that input is left out.
-MAX_OUTPUT_ITEMS = 1_000_000
+MAX_OUTPUT_ITEMS = 10_000_000
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,10 +505,20 @@ def _no_code(code: str | None) -> Verdict:
     return Verdict(False, code, "SyntaxError", detail)
 
 
+def _extract(problem: Problem, response: str) -> str | None:
+    """The code in response; for HumanEval-style prompts also a bare completion (a function
+    body, indented, which parses only after the prompt)."""
+    code = extract_code(response, problem.answer.get("entry_point"))
+    if code is None and problem.answer.get("completes_prompt") and response.strip():
+        if parses(problem.answer["prompt"] + response):
+            return response
+    return code
+
+
 def grade(pairs: Sequence[tuple[Problem, str]]) -> list[Verdict]:
     """Verdicts for (problem, response) pairs, in order; all programs run through the pool."""
     ensure_expected([problem for problem, _ in pairs])
-    codes = [extract_code(response, problem.answer.get("entry_point")) for problem, response in pairs]
+    codes = [_extract(problem, response) for problem, response in pairs]
     runnable = [i for i, code in enumerate(codes) if code is not None]
     jobs = [_job(pairs[i][0], _full_solution(pairs[i][0], codes[i]), _timeout(pairs[i][0])) for i in runnable]
     results = dict(zip(runnable, run_many(jobs)))

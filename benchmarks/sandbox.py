@@ -9,7 +9,7 @@ Two isolation levels, probed once per process (`isolation_mode()`):
 - 'netns' (root with util-linux `unshare` and `setpriv`): the program runs in new network and
   PID namespaces under an unprivileged uid/gid of its own with no_new_privs. No network exists, it cannot
   signal or see processes outside, RLIMIT_NPROC is enforced (it is not for root), it cannot
-  write where nobody may not, and when its PID namespace's init exits the kernel kills
+  write where other users may not, and when its PID namespace's init exits the kernel kills
   everything it started, escaped process groups included.
 - 'sockets-disabled' (anything else): same user as the harness, socket creation disabled
   inside the child by the launcher, process-group kill. Weaker: say so when reporting results.
@@ -20,7 +20,7 @@ program died of ('SyntaxError', 'TypeError', ..., 'SystemExit' for a non-zero ex
 signal, output over the size limit included). Graders add 'WrongAnswer'. The exception type
 is written by the launcher to a side file, never guessed from stderr.
 
-This file is also the launcher: the child runs `python -I sandbox.py '<json config>'`, so
+This file is also the launcher: the child runs `python -S -s sandbox.py '<json config>'`, so
 only the standard library is imported at module level.
 """
 
@@ -180,6 +180,7 @@ def _launch(config: dict) -> None:
         child = os.fork()
         if child:
             _flush_and_exit(_reap_as_init(child))
+    sys.path.extend(config["site_packages"])
     if config["block_sockets"]:
         _disable_sockets()
     sys.argv = [_PROGRAM_FILE]
@@ -294,11 +295,23 @@ def _child_env(workdir: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONIOENCODING": "utf-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1",  # the launcher's folder stays off sys.path
+        # Fixed string hashing: the order of a set of strings (and so of a tuple built from
+        # one) must be the same in the run that made the expected output and in the graded one.
+        "PYTHONHASHSEED": "0",
         # BLAS pools would spend the process limit on threads.
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
+
+
+@functools.cache
+def _site_packages() -> list[str]:
+    """The harness interpreter's site-packages folders (numpy and co. for the programs)."""
+    import site
+
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
 
 
 def _command(timeout_s: float, memory_mb: int, uid: int) -> list[str]:
@@ -311,8 +324,12 @@ def _command(timeout_s: float, memory_mb: int, uid: int) -> list[str]:
         # Without a uid switch RLIMIT_NPROC would count (and starve) the harness's own user.
         "processes": MAX_PROCESSES if netns else 0,
         "block_sockets": not netns,
+        "site_packages": _site_packages(),
     }
-    launcher = [sys.executable, "-I", os.path.abspath(__file__), json.dumps(config)]
+    # -S: `site` runs the venv's .pth hooks (an editable install's finder alone is tens of ms
+    # of imports); the launcher puts the site-packages folders on sys.path itself. Not -I: it
+    # would ignore PYTHONHASHSEED, and the environment is ours in full anyway.
+    launcher = [sys.executable, "-S", "-s", os.path.abspath(__file__), json.dumps(config)]
     return (_namespace_prefix(uid) if netns else []) + launcher
 
 
