@@ -65,7 +65,7 @@ class Rollouts:
             if isinstance(value, torch.Tensor):
                 return value[index]
             if isinstance(value, list):
-                return [value[i] for i in index]
+                return [value[i] for i in index] if value else []  # an unset per-response list stays empty
             if isinstance(value, dict):
                 return {k: take(v) for k, v in value.items()}
             return value
