@@ -173,6 +173,11 @@ def _coerce(value: Any, tp, key: str):
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-6 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if tp is Any:
         return value
     if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
@@ -229,8 +234,10 @@ def deep_merge(base: dict, update: dict) -> dict:
     return merged
 
 
-def read_yaml(path: str | Path) -> dict:
+def read_yaml(path: str | Path, _seen: frozenset = frozenset()) -> dict:
     path = Path(path)
+    if path.resolve() in _seen:
+        raise UserError(f"config file '{path}' extends itself")
     if not path.is_file():
         raise UserError(f"config file '{path}' does not exist")
     try:
@@ -243,7 +250,13 @@ def read_yaml(path: str | Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"config file '{path}' must hold a mapping of sections, got {type(data).__name__}")
-    return data
+    # `extends: other.yaml` (path relative to this file) layers this file over another one, so a
+    # paper setting and its baseline share one source instead of two copies.
+    parents = data.pop("extends", None) or []
+    merged: dict = {}
+    for parent in [parents] if isinstance(parents, str) else parents:
+        merged = deep_merge(merged, read_yaml(path.parent / parent, _seen | {path.resolve()}))
+    return deep_merge(merged, data)
 
 
 def parse_override(text: str) -> dict:

@@ -1,0 +1,74 @@
+"""The config system: files, overrides, precedence, validation and the written snapshot."""
+
+import pytest
+
+from meds_cli.config import dump_yaml, load_config, parse_override, read_yaml
+from meds_cli.errors import UserError
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_and_algorithm_sections():
+    cfg = load_config()
+    assert cfg.model.name == "smollm2-135m" and cfg.task.name == "arithmetic"
+    assert cfg.section("dapo").clip_high == 0.28 and cfg.section("grpo").clip_high == 0.2
+
+
+def test_precedence_files_then_shortcuts_then_set(tmp_path):
+    a = write(tmp_path / "a.yaml", "train: {steps: 5, seed: 1}\nrollout: {group_size: 4}\n")
+    b = write(tmp_path / "b.yaml", "train: {steps: 7}\n")
+    cfg = load_config([a, b], ["train.seed=9"], {"train.steps": 11, "algo.name": None})
+    assert cfg.train.steps == 11 and cfg.train.seed == 9 and cfg.rollout.group_size == 4
+    assert load_config([a, b]).train.steps == 7  # later file wins
+
+
+def test_set_values_are_typed():
+    assert parse_override("a.b=3") == {"a": {"b": 3}}
+    cfg = load_config(overrides=["optim.lr=1e-6", "optim.betas=[0.9, 0.95]", "model.lora.enabled=false"])
+    assert cfg.optim.lr == 1e-6 and cfg.optim.betas == [0.9, 0.95] and cfg.model.lora.enabled is False
+    assert load_config(overrides=["optim.lr=1"]).optim.lr == 1.0  # an int is accepted for a float
+
+
+@pytest.mark.parametrize("override, words", [
+    (["train.stpes=3"], ["train.stpes", "did you mean 'steps'"]),
+    (["trian.steps=3"], ["trian", "did you mean 'train'"]),
+    (["train.steps=three"], ["train.steps", "expected int"]),
+    (["train.steps=true"], ["train.steps", "expected int"]),
+    (["model.lora.rank=1.5"], ["model.lora.rank", "expected int"]),
+    (["grpo.scale_rewards=grp"], ["grpo.scale_rewards", "accepted: group, batch, none"]),
+    (["model=3"], ["model", "mapping"]),
+    (["=3"], ["empty part"]),
+])
+def test_bad_values_are_named(override, words):
+    with pytest.raises(UserError) as err:
+        load_config(overrides=override)
+    for word in words:
+        assert word in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_extends(tmp_path):
+    write(tmp_path / "base.yaml", "train: {steps: 5, seed: 1}\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\ntrain: {seed: 2}\n")
+    cfg = load_config([child])
+    assert cfg.train.steps == 5 and cfg.train.seed == 2
+    loop = write(tmp_path / "loop.yaml", "extends: loop.yaml\n")
+    with pytest.raises(UserError, match="extends itself"):
+        read_yaml(loop)
+
+
+def test_snapshot_round_trip(tmp_path):
+    cfg = load_config(overrides=["algo.name=dapo", "dapo.clip_high=0.3", "train.steps=3"])
+    dump_yaml(cfg, tmp_path / "config.yaml", sections=["dapo"])
+    again = load_config([str(tmp_path / "config.yaml")])
+    assert again.section("dapo").clip_high == 0.3 and again.train.steps == 3 and again.algo.name == "dapo"
+    assert "grpo:" not in (tmp_path / "config.yaml").read_text()
+
+
+def test_paper_configs_load():
+    dapo = load_config(["configs/dapo_paper.yaml"])
+    assert dapo.algo.name == "dapo" and dapo.rollout.group_size == 16 and dapo.optim.lr == 1e-6
+    assert dapo.optim.weight_decay == 0.1 and dapo.optim.grad_clip == 1.0
