@@ -107,6 +107,10 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
 
         return tiny_model_and_tokenizer()
     source = resolve_model(name)
+    if not Path(source).is_dir():
+        from meds_cli.hub import offline_unless_reachable
+
+        offline_unless_reachable()
     from transformers import AutoModelForCausalLM
 
     try:

@@ -48,11 +48,17 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
     accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main)
+    created = checkpoint is None and not run_dir.exists()
     if checkpoint is None and main:
         runs.claim_run_dir(run_dir)
     accelerator.wait_for_everyone()
-    with console.status(f"loading {cfg.model.name} ..."):
-        trainer = Trainer(cfg, run_dir, accelerator=accelerator)
+    try:
+        with console.status(f"loading {cfg.model.name} ..."):
+            trainer = Trainer(cfg, run_dir, accelerator=accelerator)
+    except UserError:
+        if created and main and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # leave no empty run folder behind a run that never started
+        raise
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed [bold]{run_dir}[/] at step {trainer.step}")

@@ -78,6 +78,7 @@ def test_offline_unknown_hub_model(tmp_path):
     line = one_error_line(invoke("train", "--model", "nobody/no-such-model-xyz", "--task", "copy", "--steps", "1",
                                  "--output", str(tmp_path / "r")))
     assert "nobody/no-such-model-xyz" in line and "--model /path/to/model" in line
+    assert not (tmp_path / "r").exists()  # no empty run folder left behind
 
 
 def test_list_shows_registries():
