@@ -555,12 +555,24 @@ def _read_gz_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _hub_rows(name: str, **kwargs) -> list[dict]:
+def _hub_load_args(name: str) -> tuple[tuple, dict]:
+    """load_dataset arguments per benchmark. LiveCodeBench's hub repo has a loading script,
+    which datasets >= 4 no longer runs: its release files are read as plain JSON lines."""
+    if name == "livecodebench":
+        return ("json",), {"data_files": f"hf://datasets/{_HUB[name]}/test*.jsonl", "split": "train"}
+    return (_HUB[name],), {"split": "test"}
+
+
+def _hub_rows(name: str) -> list[dict]:
     """Rows of the benchmark's dataset-hub copy; any failure to get them is the user's to fix."""
+    args, kwargs = _hub_load_args(name)
     try:
         import datasets
 
-        return list(datasets.load_dataset(_HUB[name], split="test", **kwargs))
+        from meds_cli.hub import offline_unless_reachable
+
+        offline_unless_reachable()  # fail at once rather than after a minute of retries
+        return list(datasets.load_dataset(*args, **kwargs))
     except Exception as error:  # offline, unknown, gated: all end the same way for the user
         where = f"--data-dir holding {_FILES[name]}" if name in _FILES else "a local copy (--data-dir)"
         raise UserError(

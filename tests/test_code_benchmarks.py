@@ -258,7 +258,8 @@ def test_every_canonical_solution_passes_base_and_plus(name):
     verdicts = BENCHMARKS.get(name).grade([(p, fenced(p.answer["canonical_solution"])) for p in problems])
     failed = [(p.id, v.outcome) for p, v in zip(problems, verdicts) if not v.correct]
     assert not failed
-    assert all(v.detail["base_passed"] and v.detail["plus_passed"] for v in verdicts)
+    # plus_passed is None only where the data has no plus inputs (Mbpp/793).
+    assert all(v.detail["base_passed"] and v.detail["plus_passed"] is not False for v in verdicts)
     # Inputs left out (the canonical output is too big to grade) stay the rare exception.
     skipped = {p.id: len(cb._skipped(p)) for p in problems if cb._skipped(p)}
-    assert sum(skipped.values()) <= 5, skipped
+    assert sum(skipped.values()) <= 2, skipped  # Mbpp/255 input 88: 1.6 million 77-tuples
