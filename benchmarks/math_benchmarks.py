@@ -111,6 +111,10 @@ def _read_jsonl(path: Path) -> list[dict]:
 def _read_hub(source: _Source) -> list[dict]:
     import datasets
 
+    from meds_cli.hub import offline_unless_reachable
+
+    offline_unless_reachable()  # fail at once rather than after a minute of retries
+
     try:
         data = datasets.load_dataset(source.hub_id, source.hub_config, split=source.hub_split)
     except Exception as error:  # offline, unknown id, no access: all end the same way for the user
@@ -207,6 +211,10 @@ def load_math_source(source: str | Path) -> list[Problem]:
     if path.is_file() or path.suffix in (".json", ".jsonl"):
         return load_math_file(path)
     import datasets
+
+    from meds_cli.hub import offline_unless_reachable
+
+    offline_unless_reachable()  # fail at once rather than after a minute of retries
 
     try:
         rows = datasets.load_dataset(source, split="train")
