@@ -39,6 +39,9 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=
             "clip_high": ((advantages > 0) & (ratio > 1.0 + clip_high) & valid).sum() / denom,
             "clip_dual": (dual_active & valid).sum() / denom,
             "ratio_mean": (ratio * mask).sum() / denom,
+            # KL(old || current) estimated on the sampled tokens (verl's ppo_kl): how far the
+            # updates have moved the policy from the one that sampled the batch.
+            "ppo_kl": (-log_ratio * mask).sum() / denom,
         }
     return loss, stats
 
