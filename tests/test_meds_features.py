@@ -50,6 +50,31 @@ def test_char_to_token_with_merged_tokens():
     assert answer_anchor(tok.decode(ids), ids, False, tok) == (1, "boxed")
 
 
+class LeadingSpaceTokenizer(WordTokenizer):
+    """Decodes like SentencePiece: the leading space of a decoded sequence is dropped, so the decode
+    of a suffix is not a suffix of the whole decode (the fast path must notice and fall back)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return super().decode(ids).removeprefix(" ")
+
+
+def prefix_definition(tok, ids, offset):
+    """The definition: the smallest k with len(decode(ids[:k])) > offset, minus one."""
+    for k in range(1, len(ids) + 1):
+        if len(tok.decode(ids[:k])) > offset:
+            return k - 1
+    return None
+
+
+@pytest.mark.parametrize("tokenizer_class", [WordTokenizer, LeadingSpaceTokenizer])
+def test_char_to_token_agrees_with_the_definition_at_every_offset(tokenizer_class):
+    tok = tokenizer_class([" The", " answer", " is", " \\boxed{", " 4", "2", "}", " ok", "<eos>"])
+    ids = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    text = tok.decode(ids)
+    for offset in range(len(text) + 2):
+        assert char_to_token(tok, ids, offset, text) == prefix_definition(tok, ids, offset), offset
+
+
 def test_anchor_kinds():
     tok = WordTokenizer(["a", "b", "\\boxed{", "7", "}", "<eos>"])
     assert answer_anchor("ab", [0, 1, 5], False, tok) == (2, "last")  # no box: the EOS
