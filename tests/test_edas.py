@@ -2,6 +2,7 @@
 batches, a short training run of the tiny model, and one real step of SmolLM2 (slow)."""
 
 import math
+from pathlib import Path
 import random
 
 import pytest
@@ -231,3 +232,10 @@ def test_one_real_step_on_smollm2(tmp_path):
     # GRPO base: the step always updates (DAPO could drop every group of a weak model)
     row = Trainer(cfg, tmp_path).train_step()
     assert math.isfinite(row["loss"]) and "edas/case_few_share" in row
+
+
+def test_example_config_loads():
+    from meds_cli.config import load_config
+
+    cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs" / "edas_smollm2.yaml")])
+    assert cfg.algo.name == "edas" and cfg.section("edas").warmup_steps == 2
