@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -62,10 +63,17 @@ def dequantized_copy(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
+    # A private temporary name per process: two processes converting at once both succeed,
+    # and the first rename wins.
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    partial.rename(target)
+    try:
+        partial.rename(target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
     return target
 
 

@@ -6,7 +6,8 @@ Used by the tests and by `--model tiny-llama` smoke runs: the same code path as 
 
 import torch
 
-CHARS = list("0123456789+-*/=() ") + ["\\", "{", "}"] + list("boxedabcfghijklmnpqrstuvwyz.,:?")
+# dict.fromkeys keeps the order and drops repeats, so every character has exactly one id.
+CHARS = list(dict.fromkeys(list("0123456789+-*/=() ") + ["\\", "{", "}"] + list("boxedabcfghijklmnpqrstuvwyz.,:?")))
 SPECIALS = ["<pad>", "<eos>"]
 
 
