@@ -74,10 +74,12 @@ class Algorithm:
 
     # -- rewards
     def reward_components(self, rollouts: Rollouts) -> dict[str, torch.Tensor]:
-        """Named reward channels [B]; their sum is the reward. Default: graded correctness."""
-        correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
+        """Named reward channels [B]; their sum is the reward. Default: graded correctness,
+        wrong + credit * (correct - wrong), where credit is 1/0 or a task's partial credit
+        (verdict.detail['credit'], e.g. the share of unit tests passed)."""
+        credit = torch.tensor([float(v.detail.get("credit", v.correct)) for v in rollouts.verdicts])
         reward = self.run.reward
-        return {"correctness": torch.where(correct, reward.correct, reward.wrong).float()}
+        return {"correctness": reward.wrong + credit * (reward.correct - reward.wrong)}
 
     def generation_rounds(self) -> int:
         """How many sampling rounds a step may use to fill its batch with kept groups."""

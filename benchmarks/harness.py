@@ -31,7 +31,7 @@ from typing import Protocol
 from benchmarks.answer_extraction import answer_key
 from benchmarks.eval_backends import Backend, Generated, Request
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
-from benchmarks.prompts import build_prompt
+from benchmarks.prompts import problem_prompt
 from benchmarks.registry import Benchmark, Problem
 from meds_cli.errors import UserError
 
@@ -92,31 +92,6 @@ class ProgressSink(Protocol):
 
 
 # ---------------------------------------------------------------- prompts and seeds
-
-CODE_INSTRUCTION = "Write your solution in Python in one ```python code block."
-
-
-def code_prompt_text(problem: Problem) -> str:
-    """The plain prompt for a code problem: complete the function (HumanEval style) or solve it."""
-    answer = problem.answer if isinstance(problem.answer, dict) else {}
-    if answer.get("completes_prompt"):
-        return f"Complete the following Python function.\n\n```python\n{problem.question}```\n\n{CODE_INSTRUCTION}"
-    starter = answer.get("starter_code") or ""
-    starter_text = f"\n\nStart from this code:\n```python\n{starter}\n```" if starter.strip() else ""
-    return f"{problem.question}{starter_text}\n\n{CODE_INSTRUCTION}"
-
-
-def problem_prompt(benchmark: Benchmark, problem: Problem, tokenizer, style: str) -> str:
-    """The prompt for a problem: the Qwen-Math boxed prompt for math, a code prompt for code;
-    inside the model's chat template when style is 'chat'."""
-    if benchmark.kind != "code":
-        return build_prompt(problem.question, tokenizer, style)
-    text = code_prompt_text(problem)
-    if style == "chat" and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return text
-
 
 def problem_seed(seed: int, benchmark: str, problem_id: str, first_sample: int) -> int:
     """A stable 63-bit seed for the samples of one problem from index `first_sample` on
@@ -341,7 +316,7 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-grading") as grader:
         for offset in range(0, len(todo), backend.chunk_problems):
             chunk = todo[offset:offset + backend.chunk_problems]
-            requests = [Request(problem_prompt(b, p, backend.tokenizer, settings.prompt), n - first,
+            requests = [Request(problem_prompt(b.kind, p, backend.tokenizer, settings.prompt), n - first,
                                 problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in chunk]
             t0 = time.perf_counter()
             outputs = backend.generate(requests)

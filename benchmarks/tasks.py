@@ -11,7 +11,7 @@ import re
 from typing import Sequence
 
 from benchmarks.answer_extraction import last_boxed
-from benchmarks.prompts import build_prompt
+from benchmarks.prompts import build_prompt, problem_prompt
 from benchmarks.registry import TASKS, Problem, Verdict
 
 
@@ -143,6 +143,51 @@ class MathTask(Task):
         from benchmarks.math_grading import grade_responses
 
         return grade_responses([response for _, response in pairs], [problem.answer for problem, _ in pairs])
+
+
+class CodeTask(Task):
+    """Programming problems from a code benchmark; responses run in the sandbox against the
+    problem's tests. Reward: all tests pass (task.code_reward all_pass) or the share passed."""
+
+    benchmark = ""
+
+    def make_splits(self):
+        from pathlib import Path
+
+        from benchmarks.registry import BENCHMARKS
+
+        import benchmarks.code_benchmarks  # noqa: F401  (registers the code benchmarks)
+
+        data_dir = Path(self.config.path) if self.config.path else None
+        problems = BENCHMARKS.get(self.benchmark).load(data_dir, None)
+        order = list(range(len(problems)))
+        random.Random(self.seed).shuffle(order)
+        held = min(self.config.eval_size, len(problems) // 5)
+        return [problems[i] for i in order[held:]], [problems[i] for i in order[:held]]
+
+    def prompt(self, problem, tokenizer):
+        return problem_prompt("code", problem, tokenizer, self.config.prompt_style)
+
+    def grade(self, pairs):
+        from benchmarks.registry import BENCHMARKS
+
+        verdicts = BENCHMARKS.get(self.benchmark).grade(pairs)
+        if self.config.code_reward == "pass_rate":
+            for verdict in verdicts:
+                d = verdict.detail
+                total = d.get("base_total", 0) + d.get("plus_total", 0)
+                d["credit"] = (d.get("base_ok", 0) + d.get("plus_ok", 0)) / total if total else float(verdict.correct)
+        return verdicts
+
+
+@TASKS.register("mbppplus", "MBPP+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
+class MbppPlusTask(CodeTask):
+    benchmark = "mbppplus"
+
+
+@TASKS.register("humanevalplus", "HumanEval+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
+class HumanEvalPlusTask(CodeTask):
+    benchmark = "humanevalplus"
 
 
 def build_task(config, seed: int) -> Task:

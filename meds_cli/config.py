@@ -56,13 +56,14 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = doc("arithmetic", "training task (see `meds list`)")
-    path: str = doc("", "math task: JSON/JSONL file or hub dataset name")
+    path: str = doc("", "math task: JSON/JSONL file or hub dataset name; code tasks: a data folder laid out like shared/data (empty: the hub)")
     prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)")
     train_size: int = doc(2000, "arithmetic: number of training problems")
     eval_size: int = doc(64, "held-out problems for evaluation")
     answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
+    code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, or the share of tests passed")
 
 
 @dataclass

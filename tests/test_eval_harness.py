@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.eval_backends import Generated, Request, resolve_backend
-from benchmarks.harness import (SAMPLES_FILE, EvalSettings, SampleStore, average_scores, check_state, code_prompt_text,
-                                evaluate, problem_prompt, problem_seed, score_benchmark)
+from benchmarks.harness import (SAMPLES_FILE, EvalSettings, SampleStore, average_scores, check_state, evaluate,
+                                problem_seed, score_benchmark)
+from benchmarks.prompts import code_prompt_text, problem_prompt
 from benchmarks.math_benchmarks import grade_math
 from benchmarks.passk import pass_at_k
 from benchmarks.registry import Benchmark, Problem, Verdict
@@ -84,7 +85,7 @@ def test_problem_seed_is_stable_and_distinct():
 
 def test_prompts_math_boxed_and_code():
     math_bench, problems = toy_suite(1)
-    assert problem_prompt(math_bench, problems[0], None, "boxed").endswith("within \\boxed{}.")
+    assert problem_prompt(math_bench.kind, problems[0], None, "boxed").endswith("within \\boxed{}.")
     code = Problem("HumanEval/0", "def f(x):\n    \"\"\"doc\"\"\"\n", {"completes_prompt": True})
     text = code_prompt_text(code)
     assert "```python\ndef f(x):" in text and "\\boxed" not in text
