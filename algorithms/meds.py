@@ -160,6 +160,7 @@ class MEDS(OnBase):
         if self.config.target == "both" and correct.any():
             out["meds/correct_clusters_per_prompt"] = float(np.mean(clusters["correct"])) if clusters["correct"] else 0.0
             out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
+        # Top-1 eigen ratio per group over all its responses, in the normalised space HDBSCAN sees.
         g = rollouts.group_size
         ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][s:s + g].numpy())) for s in range(0, rollouts.size, g)]
         ratios = [r for r in ratios if r is not None]

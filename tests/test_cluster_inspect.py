@@ -20,11 +20,16 @@ PNG = b"\x89PNG"
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("meds-run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster than two fighting for a shared CPU
     cfg = tiny_config("algo.name=meds", "train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=8",
                       "rollout.max_new_tokens=6", "dapo.dynamic_sampling=false", "meds.snippet_chars=8")
     trainer = Trainer(cfg, folder)
     dump_yaml(cfg, folder / "config.yaml", sections=trainer.algorithm.config_sections)  # as `meds train` does
-    trainer.train()  # checkpoint at the last step
+    try:
+        trainer.train()  # checkpoint at the last step
+    finally:
+        torch.set_num_threads(threads)
     return folder
 
 

@@ -1,5 +1,6 @@
 """MEDS memory survives checkpoint and resume: 4 steps straight == 2 steps, resume, 2 steps."""
 
+import pytest
 import torch
 
 from meds_cli.runs import MetricsLog
@@ -9,6 +10,15 @@ from tests.conftest import tiny_config
 # One sampling round a step (no dynamic sampling) keeps the test fast; the memory still grows.
 COMMON = ("algo.name=meds", "train.checkpoint_every=2", "optim.lr=0.01", "rollout.prompts_per_step=4",
           "rollout.group_size=8", "rollout.max_new_tokens=3", "dapo.dynamic_sampling=false")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is faster than two fighting for a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def recording(trainer):
