@@ -6,7 +6,7 @@ setup:
 
 # MEDS on the embedded SmolLM2-135M, synthetic arithmetic, a few minutes on 2 CPU cores.
 train: setup
-	.venv/bin/meds train --config configs/smollm2_demo.yaml
+	.venv/bin/meds train --config configs/meds_smollm2.yaml
 
 # The default suite (under 10 minutes on 2 cores): everything not marked slow.
 test: setup

@@ -1,7 +1,7 @@
 """Time the training loop on the embedded default: seconds per step split into generate /
 score / train, generated tokens per second, and peak memory.
 
-    python scripts/bench_train.py [--steps 3] [--config configs/smollm2_demo.yaml] [--set key=value ...]
+    python scripts/bench_train.py [--steps 3] [--config configs/meds_smollm2.yaml] [--set key=value ...]
 """
 
 import argparse
@@ -19,7 +19,7 @@ from meds_cli.trainer import Trainer
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--config", default="configs/smollm2_demo.yaml")
+    parser.add_argument("--config", default="configs/meds_smollm2.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     cfg = load_config([args.config], [f"train.steps={args.steps}", "train.checkpoint_every=0", *args.overrides])

@@ -72,3 +72,16 @@ def test_paper_configs_load():
     dapo = load_config(["configs/dapo_paper.yaml"])
     assert dapo.algo.name == "dapo" and dapo.rollout.group_size == 16 and dapo.optim.lr == 1e-6
     assert dapo.optim.weight_decay == 0.1 and dapo.optim.grad_clip == 1.0
+    meds = load_config(["configs/meds_paper.yaml"])
+    assert meds.algo.name == "meds" and meds.algo.base == "dapo"
+    # the baseline and MEDS differ only in the algorithm
+    for section in ["model", "task", "rollout", "optim", "train", "eval"]:
+        assert getattr(meds, section) == getattr(dapo, section), section
+    assert meds.section("dapo") == dapo.section("dapo")
+
+
+def test_smollm2_configs_share_one_base():
+    base = load_config(["configs/smollm2.yaml"])
+    for name, algo in [("meds_smollm2", "meds"), ("edas_smollm2", "edas"), ("rlif_smollm2", "rlif-multireward")]:
+        cfg = load_config([f"configs/{name}.yaml"])
+        assert cfg.algo.name == algo and cfg.model == base.model and cfg.optim == base.optim

@@ -14,7 +14,7 @@ from tests.conftest import needs_embedded
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_one_real_step_on_smollm2(tmp_path, algo):
-    cfg = load_config(["configs/smollm2_demo.yaml"], [
+    cfg = load_config(["configs/smollm2.yaml"], [
         f"algo.name={algo}", "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=24", "dapo.max_gen_batches=1", "train.checkpoint_every=1"])
     trainer = Trainer(cfg, tmp_path)
