@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -150,7 +151,10 @@ def apply_lora(model, lora_cfg):
         )
     config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                         target_modules=targets, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # peft asks transformers a deprecated question; the warning is theirs, not the user's.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def reference_context(model):

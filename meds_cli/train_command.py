@@ -47,7 +47,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
 
     accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
     main = accelerator.is_main_process
-    console = Console(stderr=True, quiet=not main)
+    console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     created = checkpoint is None and not run_dir.exists()
     if checkpoint is None and main:
         runs.claim_run_dir(run_dir)
