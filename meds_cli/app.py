@@ -127,5 +127,45 @@ def cluster_inspect_cmd(
         fail(str(e))
 
 
+@app.command()
+def ablate(
+    config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Base override section.key=value (repeatable).")] = None,
+    grid: Annotated[Optional[Path], typer.Option(help="YAML grid of variants (configs/ablate/*.yaml).")] = None,
+    features: Annotated[Optional[str], typer.Option(help="Comma-separated meds.features: logits, semantic, hidden_mean, random.")] = None,
+    clusterer: Annotated[Optional[str], typer.Option(help="Comma-separated meds.clusterer: hdbscan, kmeans, dbscan, agglomerative.")] = None,
+    layers: Annotated[Optional[str], typer.Option(help="Comma-separated meds.layers: last_half, last:K.")] = None,
+    seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds; every variant runs once per seed.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps per variant.")] = None,
+    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Leave out the baseline run of the base algorithm (DAPO).")] = False,
+    output: Annotated[Optional[Path], typer.Option(help="Ablation folder (default runs/ablate-<time>); an existing one is continued.")] = None,
+    benchmarks: Annotated[str, typer.Option(help="'heldout' (the task's held-out split) or comma-separated benchmarks.")] = "heldout",
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (like shared/data).")] = None,
+    k: Annotated[int, typer.Option("--k", help="Report pass@k for k = 1, 2, 4, ... up to this.")] = 8,
+    n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
+    temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and estimate the time from a one-step probe.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+):
+    """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
+    from meds_cli.ablate import dry_run as show_plan, make_plan, run_ablation
+    from meds_cli.ablate_eval import EvalOptions
+
+    try:
+        plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
+                         layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
+        if dry_run:
+            show_plan(plan, err)
+            return
+        options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
+                              data_dir=str(data_dir) if data_dir else None, temperature=temperature)
+        run_ablation(plan, options, console=err, quiet=quiet, argv=sys.argv)
+    except UserError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+
+
 def run():  # pragma: no cover - console entry for `python -m meds_cli`
     app()

@@ -1,0 +1,270 @@
+"""`meds ablate`: MEDS ablations as one command: variants -> train -> evaluate -> compare.
+
+Variants come from flags (`--features logits,semantic --clusterer hdbscan,kmeans --layers
+last_half,last:4 --seeds 0,1,2`: the cartesian product) and/or a YAML grid (configs/ablate/*.yaml,
+format below). Each variant is the base config (`--config`, `--set`, algorithm meds) plus its
+own overrides only; a baseline of MEDS's base algorithm (DAPO unless `algo.base` says otherwise)
+runs beside them unless `--no-baseline`. Every variant trains through the real Trainer
+(meds_cli.train_command.run_training) in ABLATION_DIR/<variant>/, is evaluated
+(meds_cli.ablate_eval), and the report (meds_cli.ablate_report) compares them, mean and std over
+seeds. Rerunning the same command with `--output ABLATION_DIR` skips finished variants and
+resumes an interrupted one from its last checkpoint.
+
+Grid file:
+    config: [../meds_paper.yaml]      # optional base config files (relative to the grid file)
+    set: [train.steps=50]             # optional base overrides
+    axes:                             # dotted key -> values; every combination is a variant
+      meds.features: [logits, semantic]
+    variants:                         # optional named variants with their own overrides
+      - {name: knn-vote, set: {meds.assign: knn}}
+    seeds: [0, 1]                     # optional; every variant once per seed
+    baseline: true                    # optional (default true)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meds_cli import runs
+from meds_cli.config import load_config, read_yaml
+from meds_cli.errors import UserError, nearest
+
+FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
+SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers", "train.seed": "seed"}
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline")
+STATE_FILE = "ablation.json"
+
+
+@dataclass
+class Variant:
+    name: str  # folder name, unique in the ablation
+    group: str  # the name without the seed: the report averages a group over seeds
+    overrides: dict  # dotted config key -> value, applied after the base config
+    seed: int | None = None
+
+
+@dataclass
+class Grid:
+    axes: dict = field(default_factory=dict)
+    variants: list = field(default_factory=list)  # [(name, overrides)]
+    seeds: list = field(default_factory=list)
+    baseline: bool = True
+    config: list = field(default_factory=list)
+    set: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- the grid
+
+
+def split_list(text: str | None, flag: str) -> list[str]:
+    values = [v.strip() for v in (text or "").split(",") if v.strip()]
+    if text is not None and not values:
+        raise UserError(f"--{flag} is empty; give comma-separated values")
+    return values
+
+
+def parse_seeds(values) -> list[int]:
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise UserError(f"seeds must be integers, got {values!r}") from None
+
+
+def read_grid(path: Path) -> Grid:
+    """A Grid from a YAML file (see the module docstring)."""
+    data = read_yaml(path)
+    for key in data:
+        if key not in GRID_KEYS:
+            raise UserError(f"unknown key '{key}' in grid '{path}'{nearest(key, GRID_KEYS)}; valid: {', '.join(GRID_KEYS)}")
+    axes = data.get("axes") or {}
+    if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
+        raise UserError(f"grid '{path}': axes must map config keys to non-empty lists, e.g. meds.features: [logits, semantic]")
+    variants = []
+    for item in data.get("variants") or []:
+        if not isinstance(item, dict) or "name" not in item or not isinstance(item.get("set", {}), dict):
+            raise UserError(f"grid '{path}': each variant needs a name and a set mapping, got {item!r}")
+        variants.append((str(item["name"]), dict(item.get("set") or {})))
+    files = data.get("config") or []
+    files = [files] if isinstance(files, str) else files
+    sets = data.get("set") or []
+    return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or []),
+                baseline=bool(data.get("baseline", True)), config=[str(path.parent / f) for f in files],
+                set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)])
+
+
+def grid_from_flags(grid: Grid, *, features=None, clusterer=None, layers=None, seeds=None) -> Grid:
+    """The grid with the flags' axes added (a flag replaces the grid's axis for the same key)."""
+    for flag, value in (("features", features), ("clusterer", clusterer), ("layers", layers)):
+        values = split_list(value, flag)
+        if values:
+            grid.axes[FLAG_AXES[flag]] = values
+    if seeds is not None:
+        grid.seeds = parse_seeds(split_list(seeds, "seeds"))
+    return grid
+
+
+def slug(value) -> str:
+    text = "-".join(map(str, value)) if isinstance(value, list) else str(value)
+    return re.sub(r"[^A-Za-z0-9.-]+", "", text.replace("_", "-")) or "x"
+
+
+def expand(grid: Grid, baseline_algo: str | None) -> list[Variant]:
+    """All variants: the axes' product and the named variants (MEDS), the baseline, times the seeds."""
+    meds = []
+    if grid.axes:
+        keys = list(grid.axes)
+        for combo in itertools.product(*(grid.axes[k] for k in keys)):
+            name = "_".join(f"{SHORT_NAMES.get(k, k.split('.')[-1])}-{slug(v)}" for k, v in zip(keys, combo))
+            meds.append((name, {"algo.name": "meds", **dict(zip(keys, combo))}))
+    meds += [(slug(name), {"algo.name": "meds", **sets}) for name, sets in grid.variants]
+    if not meds:
+        meds = [("meds", {"algo.name": "meds"})]
+    groups = meds + ([(f"baseline-{baseline_algo}", {"algo.name": baseline_algo})] if baseline_algo else [])
+    names = [n for n, _ in groups]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise UserError(f"two variants are both named '{duplicated[0]}'; give the grid's variants distinct names")
+    if not grid.seeds:
+        return [Variant(name, name, overrides) for name, overrides in groups]
+    return [Variant(f"{name}_seed-{s}", name, {**overrides, "train.seed": s}, s) for name, overrides in groups
+            for s in grid.seeds]
+
+
+def variant_sets(variant: Variant) -> list[str]:
+    """The variant's overrides as `--set` strings (JSON values are YAML, so types survive)."""
+    return [f"{key}={json.dumps(value)}" for key, value in variant.overrides.items()]
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Plan:
+    folder: Path
+    config_files: list[str]
+    base_sets: list[str]
+    variants: list[Variant]
+    steps: int
+
+
+def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output) -> Plan:
+    grid = read_grid(Path(grid_file)) if grid_file else Grid()
+    grid = grid_from_flags(grid, features=features, clusterer=clusterer, layers=layers, seeds=seeds)
+    files = [*grid.config, *map(str, config_files)]
+    base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
+    base = load_config(files, base_sets + ["algo.name=meds"])
+    variants = expand(grid, base.algo.base if baseline and grid.baseline else None)
+    for variant in variants:  # every variant's config is checked before anything trains
+        load_config(files, base_sets + variant_sets(variant))
+    folder = Path(output) if output else Path(base.train.runs_root) / f"ablate-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Plan(folder, files, base_sets, variants, base.train.steps)
+
+
+def claim_folder(plan: Plan) -> None:
+    """Create the ablation folder, or check that an existing one holds the same variants."""
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    path = plan.folder / STATE_FILE
+    mine = {v.name: v.overrides for v in plan.variants}
+    state = json.loads(path.read_text()) if path.is_file() else {"variants": {}}
+    for name, overrides in mine.items():
+        theirs = state["variants"].get(name)
+        if theirs is not None and theirs != json.loads(json.dumps(overrides)):
+            raise UserError(f"'{plan.folder}' already holds variant '{name}' with other settings ({theirs}); "
+                            "choose another --output")
+    if state.get("base") not in (None, {"config": plan.config_files, "set": plan.base_sets}):
+        raise UserError(f"'{plan.folder}' holds an ablation of another base config ({state['base']}); "
+                        "choose another --output")
+    state["variants"].update(mine)
+    state["base"] = {"config": plan.config_files, "set": plan.base_sets}
+    path.write_text(json.dumps(state, indent=2) + "\n")
+
+
+def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> None:
+    """Train to plan.steps: fresh, resumed from the last checkpoint, or not at all when done."""
+    from meds_cli.train_command import run_training
+
+    run_dir = plan.folder / variant.name
+    done = runs.list_checkpoints(run_dir)
+    if done and done[-1] >= plan.steps:
+        return
+    if done:
+        console.print(f"[bold]{variant.name}[/]: resuming from step {done[-1]}")
+        code = run_training([], [], {}, resume=run_dir, argv=argv, quiet=quiet)
+    else:
+        if run_dir.exists():  # stopped before its first checkpoint: nothing to resume
+            shutil.rmtree(run_dir)
+        sets = plan.base_sets + variant_sets(variant) + [f"train.output_dir={json.dumps(str(run_dir))}"]
+        code = run_training(plan.config_files, sets, {}, argv=argv, quiet=quiet)
+    if code != 0:
+        raise KeyboardInterrupt
+
+
+def run_ablation(plan: Plan, eval_options, *, console, quiet: bool = False, argv=()) -> dict:
+    """Train and evaluate every variant not finished yet, then write the report."""
+    from meds_cli.ablate_eval import evaluate_variant, results_path
+    from meds_cli.ablate_report import write_report
+
+    eval_options.settings(1)  # a bad --k / --benchmarks fails before the first variant trains
+    claim_folder(plan)
+    console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
+    for i, variant in enumerate(plan.variants, 1):
+        run_dir = plan.folder / variant.name
+        if results_path(run_dir, eval_options, plan.steps).is_file():
+            console.print(f"[{i}/{len(plan.variants)}] {variant.name}: finished, skipped")
+            continue
+        console.print(f"[{i}/{len(plan.variants)}] [bold]{variant.name}[/]: {', '.join(variant_sets(variant))}")
+        try:
+            train_variant(plan, variant, console, quiet, list(argv))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]stopped[/] in {variant.name}; run the same command with --output {plan.folder} to continue")
+            raise
+        evaluate_variant(run_dir, eval_options, console)
+    return write_report(plan.folder, plan.variants, eval_options, console)
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def probe_step_seconds(plan: Plan) -> float:
+    """Seconds of one training step of the base config (MEDS), model loading excluded."""
+    import tempfile
+
+    from meds_cli.trainer import Trainer
+
+    cfg = load_config(plan.config_files, plan.base_sets + ["algo.name=meds", "train.steps=1", "eval.every=0"])
+    with tempfile.TemporaryDirectory() as folder:
+        cfg.train.output_dir = folder
+        trainer = Trainer(cfg, Path(folder))
+        t0 = time.perf_counter()
+        trainer.train_step()
+        return time.perf_counter() - t0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def dry_run(plan: Plan, console, probe: bool = True) -> dict:
+    """List the variants and estimate the training time from a one-step probe."""
+    from rich.table import Table
+
+    seconds = probe_step_seconds(plan) if probe else None
+    table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each -> {plan.folder}",
+                  title_justify="left")
+    table.add_column("variant")
+    table.add_column("overrides")
+    for v in plan.variants:
+        table.add_row(v.name, " ".join(f"{key}={value}" for key, value in v.overrides.items()))
+    console.print(table)
+    total = None if seconds is None else seconds * plan.steps * len(plan.variants)
+    if total is not None:
+        console.print(f"one step of the base config took {seconds:.2f} s; training estimate: {seconds:.2f} s x "
+                      f"{plan.steps} steps x {len(plan.variants)} variants = {_duration(total)} "
+                      "(plus model loading and evaluation; semantic features add an embedding model)")
+    return {"variants": [v.name for v in plan.variants], "step_seconds": seconds, "estimate_seconds": total}

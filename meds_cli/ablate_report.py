@@ -1,0 +1,226 @@
+"""The comparison of `meds ablate`: one row per variant (mean and std over seeds), as a rich table
+in the terminal and as summary.md, summary.csv and summary.json, plus reward_curves.png and
+pass_at_k.png in the ablation folder.
+
+Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
+the final reward, distinct wrong answers per group and the top-1 eigen ratio (each the mean over
+the last quarter of the steps, less noisy than the last step alone) and the mean time per step;
+and the agreement of the clusters with the final answers (adjusted Rand index, as
+`meds cluster-inspect` computes it, over the memory of the last checkpoint, with the run's own
+clusterer). A DAPO baseline has no memory and no features: its ARI and eigen ratio are empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from meds_cli import runs
+
+METRICS = [  # (key, column header)
+    ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),
+    ("distinct_wrong", "distinct wrong"), ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
+    ("time_per_step_s", "s/step"),
+]
+
+
+def _tail_mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    if not values:
+        return None
+    tail = values[-max(1, len(values) // 4):]
+    return float(np.mean(tail))
+
+
+def memory_ari(run_dir: Path) -> float | None:
+    """Mean ARI of clusters vs final answers over the prompts of the last checkpoint's memory."""
+    from algorithms.meds_clusterers import cluster_settings
+    from algorithms.meds_feature_builders import FEATURE_BUILDERS
+    from meds_cli.cluster_inspect import analyse_prompt, load_memory
+    from meds_cli.config import load_config
+
+    cfg = load_config([str(run_dir / "config.yaml")])
+    if cfg.algo.name != "meds" or not runs.list_checkpoints(run_dir):
+        return None
+    section = cfg.section("meds")
+    settings = cluster_settings(section, shuffle=FEATURE_BUILDERS.get(section.features).shuffle_labels)
+    _, memory, _ = load_memory(run_dir, None)
+    state = np.random.get_state()
+    np.random.seed(0)  # the random control's shuffles: the same report on every call
+    try:
+        aris = [analyse_prompt(pid, kinds, settings)["ari_answers"] for pid, kinds in sorted(memory.items())]
+    finally:
+        np.random.set_state(state)
+    aris = [a for a in aris if a is not None]
+    return float(np.mean(aris)) if aris else None
+
+
+def variant_result(run_dir: Path, results_file: Path) -> dict:
+    """The metrics of one trained and evaluated run."""
+    rows = runs.MetricsLog(run_dir / "metrics.jsonl").rows()
+    document = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    passk = (document.get("average") or {}).get("pass@k") or {}
+    ks = sorted(int(k) for k in passk)
+    times = [r["time_step_s"] for r in rows if "time_step_s" in r]
+    return {
+        "pass@1": passk.get("1"), "pass@k": passk.get(str(ks[-1])) if ks else None, "k": ks[-1] if ks else None,
+        "final_reward": _tail_mean(rows, "reward"), "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
+        "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
+        "time_per_step_s": float(np.mean(times)) if times else None,
+        "reward_curve": [[r["step"], r["reward"]] for r in rows if "reward" in r],
+        "pass_at_k_curve": {k: passk[str(k)] for k in ks},
+    }
+
+
+def mean_std(values: list) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof 1) of the values that exist; std None with fewer than two."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def aggregate(variants, results: dict[str, dict]) -> list[dict]:
+    """One row per group (variant without its seed), in the variants' order."""
+    groups: dict[str, list] = {}
+    for v in variants:
+        groups.setdefault(v.group, []).append(results[v.name])
+    rows = []
+    for group, members in groups.items():
+        row = {"variant": group, "seeds": len(members)}
+        for key, _ in METRICS:
+            row[key], row[f"{key}_std"] = mean_std([m[key] for m in members])
+        rows.append(row)
+    return rows
+
+
+def _cell(mean, std, digits: int = 3) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + (f"±{std:.{digits}f}" if std is not None else "")
+
+
+def markdown_table(rows: list[dict], k: int | None) -> str:
+    headers = ["variant", "seeds"] + [h.replace("pass@k", f"pass@{k}" if k else "pass@k") for _, h in METRICS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+    for row in rows:
+        cells = [row["variant"], str(row["seeds"])] + [_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rich_table(rows: list[dict], k: int | None, title: str):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("variant", no_wrap=True)
+    table.add_column("seeds", justify="right")
+    for _, header in METRICS:
+        table.add_column(header.replace("pass@k", f"pass@{k}" if k else "pass@k"), justify="right")
+    for row in rows:
+        table.add_row(row["variant"], str(row["seeds"]), *(_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS))
+    return table
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = ["variant", "seeds"] + [c for key, _ in METRICS for c in (key, f"{key}_std")]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: "" if row[c] is None else row[c] for c in columns})
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
+    """Reward per step, mean over seeds with a band of one std."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[str, list] = {}
+    for v in variants:
+        groups.setdefault(v.group, []).append(dict(results[v.name]["reward_curve"]))
+    for group, curves in groups.items():
+        steps = sorted(set().union(*curves))
+        per_step = [[c[s] for c in curves if s in c] for s in steps]
+        mean = np.array([np.mean(v) for v in per_step])
+        std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in per_step])
+        ax.plot(steps, mean, marker="o", markersize=2, label=group)
+        if len(curves) > 1:
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward (unshaped, sampled batch)")
+    ax.set_title("reward per step (mean over seeds, band: one std)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
+    """pass@k against k (log scale), mean over seeds with error bars of one std."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[str, list] = {}
+    for v in variants:
+        groups.setdefault(v.group, []).append(results[v.name]["pass_at_k_curve"])
+    for group, curves in groups.items():
+        ks = sorted(set().union(*curves))
+        if not ks:
+            continue
+        means = [np.mean([c[k] for c in curves if k in c]) for k in ks]
+        stds = [np.std([c[k] for c in curves if k in c], ddof=1) if sum(k in c for c in curves) > 1 else 0.0 for k in ks]
+        ax.errorbar(ks, means, yerr=stds, marker="o", markersize=3, capsize=3, label=group)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_title("pass@k per variant (mean over seeds, bars: one std)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def write_report(folder: Path, variants, eval_options, console) -> dict:
+    from meds_cli.ablate_eval import results_path
+    from meds_cli.config import load_config
+
+    results = {}
+    for v in variants:
+        run_dir = folder / v.name
+        steps = load_config([str(run_dir / "config.yaml")]).train.steps
+        results[v.name] = variant_result(run_dir, results_path(run_dir, eval_options, steps))
+    rows = aggregate(variants, results)
+    k = max((r["k"] for r in results.values() if r["k"]), default=None)
+    (folder / "summary.md").write_text(f"# MEDS ablation: {folder.name}\n\n" + markdown_table(rows, k) +
+                                       "\nmean ± std over seeds; reward, distinct wrong and eigen ratio: mean of the "
+                                       "last quarter of the steps; ARI: clusters vs final answers in the memory.\n")
+    write_csv(rows, folder / "summary.csv")
+    summary = {"folder": str(folder), "k": k, "rows": rows,
+               "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
+               "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides} for v in variants]}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_reward_curves(variants, results, folder / "reward_curves.png")
+    plot_pass_at_k(variants, results, folder / "pass_at_k.png")
+    from rich.console import Console
+
+    Console().print(rich_table(rows, k, f"MEDS ablation {folder}"))  # the result goes to stdout, progress to stderr
+    console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
+                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}")
+    return summary
