@@ -55,12 +55,12 @@ def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
 
 
 def run_settings(run_dir: Path):
-    from algorithms.meds_memory import ClusterSettings
+    """The clustering the run trained with (its meds.clusterer and parameters)."""
+    from algorithms.meds_clusterers import cluster_settings
     from meds_cli.config import load_config
 
     cfg = load_config([str(run_dir / "config.yaml")])
-    m = cfg.section("meds")
-    return ClusterSettings(m.min_cluster_size, m.min_samples, m.allow_single_cluster, m.noise, m.assign, m.knn_k)
+    return cluster_settings(cfg.section("meds"))
 
 
 def prompt_entries(kinds: dict) -> dict:
