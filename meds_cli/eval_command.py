@@ -76,7 +76,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
              output: Path | None, dtype: str | None = None, quiet: bool = False,
              console: Console | None = None) -> dict:
     """Evaluate and write the outputs; returns the results document."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)  # paths in messages stay copyable
     if (run_dir is None) == (model is None):
         raise UserError("give either a run folder (meds eval RUN_DIR) or --model, not both" if run_dir
                         else "nothing to evaluate: give a run folder (meds eval RUN_DIR) or --model NAME")
