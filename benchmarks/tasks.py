@@ -7,10 +7,9 @@ a held-out pool for evaluation, a prompt for each problem, and a batched grader.
 from __future__ import annotations
 
 import random
-import re
 from typing import Sequence
 
-from benchmarks.answer_extraction import last_boxed
+from benchmarks.answer_extraction import extract_answer, integer_literal_value
 from benchmarks.prompts import build_prompt, problem_prompt
 from benchmarks.registry import TASKS, Problem, Verdict
 
@@ -33,37 +32,22 @@ class Task:
 
 # ---------------------------------------------------------------- integer answers
 
-_INTEGER = re.compile(r"^[+-]?\d{1,3}(,\d{3})+$|^[+-]?\d+$")
-_LAST_INTEGER = re.compile(r"[+-]?\d[\d,]*")
-
-
-def parse_integer_literal(text: str | None) -> int | None:
-    """An integer written as a plain literal ('-12', '1,234', '$56$'); None for anything else,
-    in particular for expressions such as '27 + 82' that a symbolic checker would evaluate."""
-    if text is None:
-        return None
-    text = text.strip().strip("$").strip()
-    text = re.sub(r"^\\text\{(.*)\}$", r"\1", text).strip()
-    if not _INTEGER.match(text):
-        return None
-    return int(text.replace(",", ""))
+# task.answer_format -> the extraction mode of benchmarks.answer_extraction.extract_answer
+_EXTRACTION_MODES = {"boxed": "boxed", "boxed_or_last_integer": "boxed_then_last_number"}
 
 
 def integer_answer(response: str, answer_format: str) -> str | None:
-    """The answer text: the last \\boxed{}, or with 'boxed_or_last_integer' the last integer
-    in the response when nothing is boxed (small models rarely box)."""
-    boxed = last_boxed(response)
-    if boxed is not None or answer_format == "boxed":
-        return boxed
-    found = _LAST_INTEGER.findall(response)
-    return found[-1].rstrip(",") if found else None
+    """The answer text: the last \\boxed{}, or with 'boxed_or_last_integer' the last number in
+    the response when nothing is boxed (small models rarely box)."""
+    return extract_answer(response, _EXTRACTION_MODES[answer_format])
 
 
 def grade_integer(response: str, gold: int, answer_format: str) -> Verdict:
     extracted = integer_answer(response, answer_format)
     if extracted is None:
         return Verdict(False, None, "no_answer")
-    value = parse_integer_literal(extracted)
+    # An integer literal only: '27 + 82' is not 109 here, whatever a symbolic checker says.
+    value = integer_literal_value(extracted)
     correct = value is not None and value == gold
     return Verdict(correct, extracted, "correct" if correct else "wrong")
 
