@@ -5,19 +5,13 @@ from __future__ import annotations
 import torch
 
 from algorithms.advantages import zero_spread_groups
+from benchmarks.answer_extraction import answer_key
 from meds_cli.rollout import Rollouts
 
 
-def answer_key(extracted: str | None) -> str | None:
-    """A cheap canonical form for counting distinct answers (spaces and outer $ removed)."""
-    if extracted is None:
-        return None
-    return extracted.strip().strip("$").replace(" ", "")
-
-
 def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:
-    """Mean over groups of (distinct final answers, distinct wrong final answers); responses
-    without an answer are not counted as an answer."""
+    """Mean over groups of (distinct final answers, distinct wrong final answers), answers
+    compared by the maj@k key (0.5 and \\frac{1}{2} are one); no answer is not an answer."""
     all_counts, wrong_counts = [], []
     g = rollouts.group_size
     for start in range(0, rollouts.size, g):

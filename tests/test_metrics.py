@@ -1,0 +1,26 @@
+"""Per-step metrics every algorithm logs."""
+
+import pytest
+import torch
+
+from meds_cli.metrics import distinct_answers, rollout_metrics
+from tests.rollout_factory import make_rollouts
+
+
+def test_distinct_answers_and_wrong_answers_per_group():
+    # group 1: answers 0.5, \frac{1}{2} (one answer), 3 (correct), none -> 2 distinct, 1 distinct wrong
+    # group 2: 7, 8, 9, 7, all wrong -> 3 distinct, 3 distinct wrong
+    batch = make_rollouts([False, False, True, False, False, False, False, False], 4,
+                          answers=["0.5", "\\frac{1}{2}", "3", None, "7", "8", "9", "7"])
+    assert distinct_answers(batch) == (pytest.approx(2.5), pytest.approx(2.0))
+
+
+def test_rollout_metrics():
+    batch = make_rollouts([True, False, False, False], 2, lengths=[2, 4, 3, 4], truncated=[False, True, False, False])
+    batch.reward_components = {"correctness": torch.tensor([1.0, 0.0, 0.0, 0.0])}
+    batch.rewards = batch.reward_components["correctness"]
+    m = rollout_metrics(batch)
+    assert m["accuracy"] == 0.25 and m["reward/correctness"] == 0.25
+    assert m["response_length_mean"] == pytest.approx(13 / 4) and m["response_length_max"] == 4
+    assert m["truncated_share"] == 0.25
+    assert m["zero_spread_group_share"] == 0.5  # group 2 is all wrong
