@@ -256,10 +256,10 @@ class Trainer:
         timing["time_step_s"] = time.perf_counter() - t_start
         timing["tokens_per_s"] = timing["generated_tokens"] / max(timing["time_generate_s"], 1e-9)
         row.update({k: v for k, v in timing.items() if k != "generated_tokens"})
-        row = self._reduce_metrics(row)
         self.step = step
         if self.cfg.eval.every and step % self.cfg.eval.every == 0:
             row.update(self.quick_eval())
+        row = self._reduce_metrics(row)  # after the eval: each process evaluated its share
         if self.acc.is_main_process:
             self.metrics.append(row)
         return row
