@@ -274,20 +274,25 @@ class Trainer:
 
     @torch.no_grad()
     def quick_eval(self) -> dict:
-        """Greedy (or eval.temperature) accuracy on the task's held-out problems."""
+        """Greedy (or eval.temperature) accuracy on the task's held-out problems, each process
+        taking its share; the counts are summed over processes, so every process returns the
+        same numbers."""
         t0 = time.perf_counter()
         problems = self.task.held_out[: self.cfg.eval.problems][self.rank::self.world]
-        if not problems:
+        correct = 0
+        if problems:
+            model = self.unwrapped
+            model.eval()
+            prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+            batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
+                                     top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                     batch_size=self.cfg.rollout.generation_batch_size)
+            correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
+        total = self._global_sum(len(problems))
+        if total == 0:
             return {}
-        model = self.unwrapped
-        model.eval()
-        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-        batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
-                                 top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                 batch_size=self.cfg.rollout.generation_batch_size)
-        verdicts = self.task.grade(list(zip(problems, batch.response_texts)))
-        accuracy = sum(v.correct for v in verdicts) / len(verdicts)
-        return {"eval/accuracy": accuracy, "eval/problems": len(verdicts), "time_eval_s": time.perf_counter() - t0}
+        return {"eval/accuracy": self._global_sum(correct) / total, "eval/problems": int(total),
+                "time_eval_s": time.perf_counter() - t0}
 
     def train(self, on_step=None) -> list[dict]:
         """Run to cfg.train.steps; a first Ctrl-C finishes the step, checkpoints and stops."""
