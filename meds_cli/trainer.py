@@ -164,7 +164,7 @@ class Trainer:
         # Every process trains on the same number of groups, so the collective steps line up.
         groups = self._min_over_processes(min(kept, quota))
         info = {"groups_sampled": all_sampled.num_groups, "groups_kept": kept, "generation_rounds": rounds,
-                "groups_dropped": all_sampled.num_groups - kept}
+                "groups_dropped": all_sampled.num_groups - kept, "groups_trained": groups}
         if groups < quota and not self._warned_short_batch:
             self._warned_short_batch = True
             self._say(f"[yellow]warning:[/] only {groups} of {quota} groups per process had a reward spread after "
