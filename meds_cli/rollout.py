@@ -9,7 +9,7 @@ response (old log-probs, entropy, ...) are [B, R] tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch
@@ -50,94 +50,60 @@ class Rollouts:
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1).long()
 
-    @property
-    def group_ids(self) -> torch.Tensor:
-        return torch.arange(self.num_groups).repeat_interleave(self.group_size)
-
     def select_groups(self, keep: torch.Tensor) -> "Rollouts":
         """A new Rollouts with only the groups where `keep` [P] is True (per-response fields follow)."""
-        rows = keep.repeat_interleave(self.group_size)
-        index = rows.nonzero().squeeze(-1).tolist()
-        return self._take([p for p, k in zip(self.problems, keep.tolist()) if k], index)
+        rows = keep.repeat_interleave(self.group_size).nonzero().squeeze(-1).tolist()
 
-    def _take(self, problems: list[Problem], index: list[int]) -> "Rollouts":
         def take(value):
             if isinstance(value, torch.Tensor):
-                return value[index]
+                return value[rows]
             if isinstance(value, list):
-                return [value[i] for i in index] if value else []  # an unset per-response list stays empty
+                return [value[i] for i in rows] if value else []  # an unset per-response list stays empty
             if isinstance(value, dict):
                 return {k: take(v) for k, v in value.items()}
             return value
 
-        return Rollouts(
-            problems=problems,
-            group_size=self.group_size,
-            input_ids=take(self.input_ids),
-            attention_mask=take(self.attention_mask),
-            prompt_width=self.prompt_width,
-            response_ids=take(self.response_ids),
-            response_mask=take(self.response_mask),
-            response_texts=take(self.response_texts),
-            truncated=take(self.truncated),
-            old_logp=take(self.old_logp),
-            ref_logp=take(self.ref_logp),
-            entropy=take(self.entropy),
-            verdicts=take(self.verdicts),
-            reward_components=take(self.reward_components),
-            rewards=take(self.rewards),
-            advantages=take(self.advantages),
-            extras=take(self.extras),
-        )
+        per_response = {name: take(getattr(self, name)) for name in _PER_RESPONSE}
+        problems = [p for p, k in zip(self.problems, keep.tolist()) if k]
+        return Rollouts(problems=problems, group_size=self.group_size, prompt_width=self.prompt_width, **per_response)
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
         """Join batches from several generation rounds, re-padding to a common width."""
         parts = [p for p in parts if p.size]
+        if not parts:
+            raise ValueError("Rollouts.concat needs at least one non-empty batch")
         if len(parts) == 1:
             return parts[0]
-        lp = max(p.prompt_width for p in parts)
-        r = max(p.response_ids.shape[1] for p in parts)
+        prompt_width = max(p.prompt_width for p in parts)
+        width = max(p.response_ids.shape[1] for p in parts)
 
-        def pad2(t, left, right, value):
-            return F.pad(t, (left, right), value=value) if t is not None else None
+        def padded(part, name):
+            value = getattr(part, name)
+            if value is None or name not in _PROMPT_SIDE + _RESPONSE_SIDE:
+                return value
+            left = prompt_width - part.prompt_width if name in _PROMPT_SIDE else 0
+            fill = pad_id if name.endswith("_ids") else 0
+            return F.pad(value, (left, width - part.response_ids.shape[1]), value=fill)
 
-        fields_ = {"problems": [], "response_texts": [], "verdicts": []}
-        tensors = {k: [] for k in ["input_ids", "attention_mask", "response_ids", "response_mask", "truncated",
-                                    "old_logp", "ref_logp", "entropy", "rewards", "advantages"]}
-        extras: dict[str, list] = {}
-        components: dict[str, list] = {}
-        for p in parts:
-            dl, dr = lp - p.prompt_width, r - p.response_ids.shape[1]
-            fields_["problems"] += p.problems
-            fields_["response_texts"] += p.response_texts
-            fields_["verdicts"] += p.verdicts
-            tensors["input_ids"].append(F.pad(p.input_ids, (dl, dr), value=pad_id))
-            tensors["attention_mask"].append(F.pad(p.attention_mask, (dl, dr), value=0))
-            tensors["response_ids"].append(F.pad(p.response_ids, (0, dr), value=pad_id))
-            tensors["response_mask"].append(F.pad(p.response_mask, (0, dr), value=0))
-            tensors["truncated"].append(p.truncated)
-            for name in ["old_logp", "ref_logp", "entropy"]:
-                tensors[name].append(pad2(getattr(p, name), 0, dr, 0.0))
-            for name in ["rewards", "advantages"]:
-                tensors[name].append(getattr(p, name))
-            for k, v in p.reward_components.items():
-                components.setdefault(k, []).append(v)
-            for k, v in p.extras.items():
-                extras.setdefault(k, []).append(v)
-
-        def cat(values):
+        def join(values):
             if any(v is None for v in values):
                 return None
-            return torch.cat(values) if isinstance(values[0], torch.Tensor) else sum(values, [])
+            if isinstance(values[0], torch.Tensor):
+                return torch.cat(values)
+            if isinstance(values[0], dict):
+                return {k: join([v[k] for v in values]) for k in values[0]}
+            return [item for value in values for item in value]
 
-        return Rollouts(
-            problems=fields_["problems"], group_size=parts[0].group_size, prompt_width=lp,
-            response_texts=fields_["response_texts"], verdicts=fields_["verdicts"],
-            **{k: cat(v) for k, v in tensors.items()},
-            reward_components={k: torch.cat(v) for k, v in components.items()},
-            extras={k: cat(v) for k, v in extras.items()},
-        )
+        joined = {name: join([padded(p, name) for p in parts]) for name in _PER_RESPONSE + ("problems",)}
+        return Rollouts(group_size=parts[0].group_size, prompt_width=prompt_width, **joined)
+
+
+# How fields join across batches of different widths: [B, Lp + R] tensors are padded on both
+# sides, [B, R] tensors on the right; every other per-response field is concatenated as it is.
+_PROMPT_SIDE = ("input_ids", "attention_mask")
+_RESPONSE_SIDE = ("response_ids", "response_mask", "old_logp", "ref_logp", "entropy")
+_PER_RESPONSE = tuple(f.name for f in fields(Rollouts) if f.name not in ("problems", "group_size", "prompt_width"))
 
 
 # ---------------------------------------------------------------- generation

@@ -122,9 +122,13 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     return checkpoint_dir(run_dir, step)
 
 
+def temporary_checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f".step_{step}.tmp"
+
+
 def begin_checkpoint(run_dir: Path, step: int) -> Path:
     """A fresh temporary folder to write checkpoint `step` into; publish it with finish_checkpoint."""
-    tmp = run_dir / "checkpoints" / f".step_{step}.tmp"
+    tmp = temporary_checkpoint_dir(run_dir, step)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

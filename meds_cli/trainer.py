@@ -336,9 +336,9 @@ class Trainer:
 
         acc = self.acc
         acc.wait_for_everyone()
-        tmp = self.run_dir / "checkpoints" / f".step_{self.step}.tmp"
+        tmp = runs.temporary_checkpoint_dir(self.run_dir, self.step)  # every rank writes its RNG and algorithm state there
         if acc.is_main_process:
-            tmp = runs.begin_checkpoint(self.run_dir, self.step)
+            runs.begin_checkpoint(self.run_dir, self.step)
             model = self.unwrapped
             trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
             save_file(trainable, str(tmp / "weights.safetensors"))
