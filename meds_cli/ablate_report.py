@@ -146,52 +146,50 @@ def _pyplot():
     return plt
 
 
-def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
-    """Reward per step, mean over seeds with a band of one std."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups: dict[str, list] = {}
+def curves_over_seeds(variants, results: dict[str, dict], key: str) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
+    """Per variant group: (x values, mean over seeds, std over seeds; 0 with one seed) of the
+    {x: y} curve results[variant][key]; an x missing from some seeds averages the others."""
+    groups: dict[str, list[dict]] = {}
     for v in variants:
-        groups.setdefault(v.group, []).append(dict(results[v.name]["reward_curve"]))
+        groups.setdefault(v.group, []).append(dict(results[v.name][key]))
+    out = {}
     for group, curves in groups.items():
-        steps = sorted(set().union(*curves))
-        per_step = [[c[s] for c in curves if s in c] for s in steps]
-        mean = np.array([np.mean(v) for v in per_step])
-        std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in per_step])
-        ax.plot(steps, mean, marker="o", markersize=2, label=group)
-        if len(curves) > 1:
-            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward (unshaped, sampled batch)")
-    ax.set_title("reward per step (mean over seeds, band: one std)")
+        xs = sorted(set().union(*curves))
+        values = [[c[x] for c in curves if x in c] for x in xs]
+        mean = np.array([np.mean(v) for v in values])
+        std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in values])
+        out[group] = (xs, mean, std)
+    return out
+
+
+def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
+
+
+def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
+    """Reward per step, mean over seeds with a band of one std."""
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    for group, (steps, mean, std) in curves_over_seeds(variants, results, "reward_curve").items():
+        ax.plot(steps, mean, marker="o", markersize=2, label=group)
+        if std.any():
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    _save(fig, ax, path, "step", "reward (unshaped, sampled batch)", "reward per step (mean over seeds, band: one std)")
 
 
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
     """pass@k against k (log scale), mean over seeds with error bars of one std."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups: dict[str, list] = {}
-    for v in variants:
-        groups.setdefault(v.group, []).append(results[v.name]["pass_at_k_curve"])
-    for group, curves in groups.items():
-        ks = sorted(set().union(*curves))
-        if not ks:
-            continue
-        means = [np.mean([c[k] for c in curves if k in c]) for k in ks]
-        stds = [np.std([c[k] for c in curves if k in c], ddof=1) if sum(k in c for c in curves) > 1 else 0.0 for k in ks]
-        ax.errorbar(ks, means, yerr=stds, marker="o", markersize=3, capsize=3, label=group)
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    for group, (ks, mean, std) in curves_over_seeds(variants, results, "pass_at_k_curve").items():
+        if ks:
+            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k")
-    ax.set_title("pass@k per variant (mean over seeds, bars: one std)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, path, "k", "pass@k", "pass@k per variant (mean over seeds, bars: one std)")
 
 
 # ---------------------------------------------------------------- the report

@@ -152,3 +152,17 @@ def test_two_variant_ablation_end_to_end(tmp_path):
     other = runner.invoke(app, ["ablate", *sum((["--set", s] for s in TINY_SETS), []), "--set", "meds.alpha=0.5",
                                 "--steps", "2", "--features", "logits", "--no-baseline", "--output", str(folder)])
     assert other.exit_code == 2 and "another base config" in other.output
+
+
+def test_curves_over_seeds_mean_and_std():
+    from types import SimpleNamespace
+
+    from meds_cli.ablate_report import curves_over_seeds
+
+    variants = [SimpleNamespace(name=f"v{i}", group=g) for i, g in enumerate(["a", "a", "b"])]
+    results = {"v0": {"c": [[1, 0.2], [2, 0.4]]}, "v1": {"c": [[1, 0.4]]}, "v2": {"c": [[1, 1.0]]}}
+    curves = curves_over_seeds(variants, results, "c")
+    xs, mean, std = curves["a"]
+    # step 1: values 0.2, 0.4 -> mean 0.3, std (ddof 1) sqrt(0.02) = 0.141421; step 2: only 0.4, std 0
+    assert xs == [1, 2] and mean.tolist() == pytest.approx([0.3, 0.4]) and std.tolist() == pytest.approx([0.141421, 0.0], abs=1e-6)
+    assert curves["b"][1].tolist() == [1.0] and curves["b"][2].tolist() == [0.0]
