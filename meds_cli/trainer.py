@@ -208,9 +208,10 @@ class Trainer:
                                                          batch.attention_mask[chunk].to(device), batch.prompt_width)
                         logp = token_logprobs(logits, batch.response_ids[chunk].to(device))
                         ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
+                        chunk_mask = mask[chunk].to(device)
                         loss_mat, s = algo.token_loss(logp, batch.old_logp[chunk].to(device), adv[chunk].to(device),
-                                                      mask[chunk].to(device), ref)
-                        loss = agg_loss(loss_mat, mask[chunk].to(device), algo.loss_agg, total_tokens=total_tokens,
+                                                      chunk_mask, ref)
+                        loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
                                         total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
                         # DDP averages gradients over processes; the normalisers above are global already.
                         self.acc.backward(loss * self.world)
