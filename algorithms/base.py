@@ -18,9 +18,10 @@ import torch
 
 from algorithms.advantages import group_advantages
 from algorithms.policy_loss import LOSS_AGG_MODES, clipped_surrogate, k3_kl
-from meds_cli.config import choice, doc
-from meds_cli.registry import Registry
-from meds_cli.rollout import ForwardView, Rollouts
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.registry import Registry
+from meds_cli.core.forward import ForwardView
+from meds_cli.core.rollouts import Rollouts
 
 ALGORITHMS: Registry = Registry("algorithm")
 
@@ -196,7 +197,7 @@ def build_algorithm(run) -> Algorithm:
         return cls(run.section(cls.name), run)
     base_cls = ALGORITHMS.get(run.algo.base)
     if base_cls.composes:
-        from meds_cli.errors import UserError
+        from meds_cli.core.errors import UserError
 
         bases = [e.name for e in ALGORITHMS.entries() if not e.obj.composes]
         raise UserError(f"--base '{run.algo.base}' is itself a shaping method; accepted bases: {', '.join(bases)}")

@@ -16,7 +16,7 @@ import torch
 
 from algorithms.advantages import zero_spread_groups
 from algorithms.base import Algorithm, GRPOConfig, register
-from meds_cli.config import choice, doc
+from meds_cli.core.fields import choice, doc
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
 from algorithms.base import OnBase, register
-from meds_cli.config import choice, doc
-from meds_cli.errors import UserError
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.errors import UserError
 
 # Verdict outcomes of math graders (benchmarks.registry.Verdict); any other outcome is a code
 # run's outcome class, which is the error class itself.

@@ -33,8 +33,8 @@ from algorithms.meds_feature_builders import FEATURE_BUILDERS, build_feature_bui
 from algorithms.meds_features import check_layer_spec
 from algorithms.meds_memory import (KINDS, NOISE, Memory, assign_clusters, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
-from meds_cli.config import choice, doc
-from meds_cli.errors import UserError
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.errors import UserError
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
 ANCHOR_INDEX = "meds_anchor_index"

@@ -31,7 +31,7 @@ from algorithms.base import Algorithm, GRPOConfig, register
 from algorithms.policy_loss import clipped_surrogate, k3_kl
 from benchmarks.answer_extraction import extract_answer
 from benchmarks.tasks import integer_answer
-from meds_cli.config import choice, doc
+from meds_cli.core.fields import choice, doc
 
 EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer", "first_char"]
 

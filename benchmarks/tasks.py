@@ -11,7 +11,8 @@ from typing import Sequence
 
 from benchmarks.answer_extraction import extract_answer, integer_literal_value
 from benchmarks.prompts import build_prompt, problem_prompt
-from benchmarks.registry import TASKS, Problem, Verdict
+from benchmarks.registry import TASKS
+from meds_cli.core.records import Problem, Verdict
 
 
 class Task:
@@ -63,11 +64,11 @@ class ArithmeticTask(Task):
         cfg = self.config
         unknown = [op for op in cfg.operations if op not in OPERATIONS]
         if unknown or not cfg.operations:
-            from meds_cli.errors import UserError
+            from meds_cli.core.errors import UserError
 
             raise UserError(f"task.operations {unknown or cfg.operations} not accepted; choose from {', '.join(OPERATIONS)}")
         if cfg.digits < 1:
-            from meds_cli.errors import UserError
+            from meds_cli.core.errors import UserError
 
             raise UserError(f"task.digits must be at least 1, got {cfg.digits}")
         rng = random.Random(self.seed)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from algorithms import ALGORITHMS, build_algorithm
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts
 

@@ -3,8 +3,8 @@
 import pytest
 
 from benchmarks.tasks import PromptSampler, build_task, grade_integer
-from meds_cli.config import TaskConfig
-from meds_cli.errors import UserError
+from meds_cli.engine.config import TaskConfig
+from meds_cli.core.errors import UserError
 
 
 def test_arithmetic_splits_are_seeded_and_disjoint():

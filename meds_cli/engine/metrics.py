@@ -6,7 +6,7 @@ import torch
 
 from algorithms.advantages import zero_spread_groups
 from benchmarks.answer_extraction import answer_key
-from meds_cli.rollout import Rollouts
+from meds_cli.core.rollouts import Rollouts
 
 
 def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:

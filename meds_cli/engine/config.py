@@ -19,19 +19,9 @@ from typing import Any
 
 import yaml
 
-from meds_cli.errors import UserError, nearest
-
-
-def choice(default: str, options: list[str], help: str = ""):
-    """A string field that only accepts one of `options`."""
-    return field(default=default, metadata={"choices": options, "help": help})
-
-
-def doc(default: Any, help: str):
-    """A field with help text (mutable defaults are copied per instance)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: typing.cast(Any, type(default))(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+from algorithms import ALGORITHMS
+from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.fields import choice, doc
 
 
 @dataclass
@@ -137,8 +127,6 @@ class RunConfig:
 
 
 def algorithm_sections() -> dict[str, type]:
-    from algorithms import ALGORITHMS  # imported late: algorithms import this module
-
     return {entry.name: entry.obj.config_class for entry in ALGORITHMS.entries()}
 
 

@@ -11,7 +11,6 @@ with the same global batch.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import signal
@@ -25,11 +24,12 @@ import torch
 from algorithms import build_algorithm
 from algorithms.policy_loss import agg_loss
 from benchmarks.tasks import PromptSampler, build_task
-from meds_cli import runs
-from meds_cli.errors import UserError
-from meds_cli.metrics import mean_of, rollout_metrics
-from meds_cli.model import apply_lora, load_model_and_tokenizer, reference_context
-from meds_cli.rollout import Rollouts, response_forward, sample_responses, score_rollouts, token_logprobs
+from meds_cli.engine import checkpoints, runs
+from meds_cli.core.errors import UserError
+from meds_cli.engine.metrics import mean_of, rollout_metrics
+from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
+from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.rollout import response_forward, sample_responses, score_rollouts, token_logprobs
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
 
@@ -330,56 +330,10 @@ class Trainer:
 
             Console(stderr=True).print(text)
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------ checkpoints (meds_cli/engine/checkpoints.py)
 
     def save_checkpoint(self) -> Path:
-        from safetensors.torch import save_file
-
-        acc = self.acc
-        acc.wait_for_everyone()
-        tmp = runs.temporary_checkpoint_dir(self.run_dir, self.step)  # every rank writes its RNG and algorithm state there
-        if acc.is_main_process:
-            runs.begin_checkpoint(self.run_dir, self.step)
-            model = self.unwrapped
-            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-            save_file(trainable, str(tmp / "weights.safetensors"))
-            if hasattr(model, "peft_config"):
-                model.save_pretrained(str(tmp / "adapter"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-            state = {"step": self.step, "sampler_position": self.sampler.position, "world_size": self.world,
-                     "model": self.cfg.model.name, "algorithm": self.cfg.algo.name}
-            (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        acc.wait_for_everyone()
-        torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-                   tmp / f"rng_{self.rank}.pt")
-        torch.save(self.algorithm.state_dict(), tmp / f"algorithm_{self.rank}.pt")
-        acc.wait_for_everyone()
-        final = runs.checkpoint_dir(self.run_dir, self.step)
-        if acc.is_main_process:
-            final = runs.finish_checkpoint(tmp, self.run_dir, self.step)
-        acc.wait_for_everyone()
-        return final
+        return checkpoints.save_checkpoint(self)
 
     def load_checkpoint(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        state = json.loads((path / "state.json").read_text())
-        if state.get("world_size", 1) != self.world:
-            raise UserError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume it with the same number")
-        weights = load_file(str(path / "weights.safetensors"))
-        missing = self.unwrapped.load_state_dict(weights, strict=False)
-        unexpected = [k for k in missing.unexpected_keys]
-        if unexpected:
-            raise UserError(f"checkpoint {path} does not match this model (unexpected weights such as {unexpected[0]})")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        rng = torch.load(path / f"rng_{self.rank}.pt", weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        self.algorithm.load_state_dict(torch.load(path / f"algorithm_{self.rank}.pt", weights_only=False))
-        self.step = state["step"]
-        self.sampler.position = state["sampler_position"]
-        if self.acc.is_main_process:
-            self.metrics.truncate_after(self.step)
+        checkpoints.load_checkpoint(self, path)
