@@ -7,18 +7,24 @@ The trainer runs, for every step:
 and never asks which algorithm it runs. An algorithm is a class registered in ALGORITHMS with
 its own config dataclass (its YAML section). Shaping methods (MEDS, EDAS) wrap a base
 algorithm with `OnBase` and change only the hooks they need.
+
+An algorithm sees its own config section and an `AlgorithmContext` (reward values, the length
+limit, the task's answer reader), never the whole run config: it cannot come to depend on
+another algorithm's keys or on which task runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
 from algorithms.advantages import group_advantages
 from algorithms.policy_loss import LOSS_AGG_MODES, clipped_surrogate, k3_kl
+from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc
+from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
 from meds_cli.core.forward import ForwardView
 from meds_cli.core.rollouts import Rollouts
@@ -49,6 +55,19 @@ class GRPOConfig:
     kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)")
 
 
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What an algorithm may know of the run besides its own config section; the engine builds it
+    (meds_cli/engine/algorithm_setup.py)."""
+
+    reward_correct: float  # reward of a correct response
+    reward_wrong: float  # reward of a wrong one
+    max_new_tokens: int  # response length limit
+    read_answer: Callable[[str], str | None]  # the task's reading of a response's final answer (no gold)
+    answer_mode: str  # the name of that reading (boxed, first_char, ...), for logs
+    optimizer_steps_per_batch: int  # PPO epochs x mini-batches: 1 means the policy ratio stays 1
+
+
 class Algorithm:
     """GRPO: group-normalised outcome rewards and the clipped surrogate (algorithms.md, GRPO)."""
 
@@ -57,9 +76,9 @@ class Algorithm:
     config_class: type = GRPOConfig
     composes = False  # True for shaping methods that wrap a base algorithm
 
-    def __init__(self, config, run):
+    def __init__(self, config, context: AlgorithmContext):
         self.config = config
-        self.run = run  # the whole RunConfig: reward values, rollout sizes
+        self.context = context
 
     # -- sampling forward pass
     @property
@@ -79,12 +98,17 @@ class Algorithm:
         wrong + credit * (correct - wrong), where credit is 1/0 or a task's partial credit
         (verdict.detail['credit'], e.g. the share of unit tests passed)."""
         credit = torch.tensor([float(v.detail.get("credit", v.correct)) for v in rollouts.verdicts])
-        reward = self.run.reward
-        return {"correctness": reward.wrong + credit * (reward.correct - reward.wrong)}
+        ctx = self.context
+        return {CORRECTNESS: ctx.reward_wrong + credit * (ctx.reward_correct - ctx.reward_wrong)}
 
     def generation_rounds(self) -> int:
         """How many sampling rounds a step may use to fill its batch with kept groups."""
         return 1
+
+    def short_batch_hint(self) -> str:
+        """What the user can change when the sampling rounds kept fewer groups than a step needs
+        (the trainer's warning ends with it); '' when there is nothing to say."""
+        return ""
 
     def keep_groups(self, rollouts: Rollouts) -> torch.Tensor:
         """[P] bool: which groups train. Default: all."""
@@ -141,8 +165,8 @@ class OnBase(Algorithm):
 
     composes = True
 
-    def __init__(self, config, run, base: Algorithm):
-        super().__init__(config, run)
+    def __init__(self, config, context: AlgorithmContext, base: Algorithm):
+        super().__init__(config, context)
         self.base = base
 
     wants_hidden_states = property(lambda self: self.base.wants_hidden_states)
@@ -157,6 +181,9 @@ class OnBase(Algorithm):
 
     def generation_rounds(self):
         return self.base.generation_rounds()
+
+    def short_batch_hint(self):
+        return self.base.short_batch_hint()
 
     def keep_groups(self, rollouts):
         return self.base.keep_groups(rollouts)
@@ -190,16 +217,14 @@ class OnBase(Algorithm):
         return [self.name] + self.base.config_sections
 
 
-def build_algorithm(run) -> Algorithm:
-    """The algorithm named by run.algo.name, wrapped around run.algo.base when it composes."""
-    cls = ALGORITHMS.get(run.algo.name)
+def compose_algorithm(name: str, base: str, sections: Mapping[str, Any], context: AlgorithmContext) -> Algorithm:
+    """The algorithm `name` with its config section, wrapped around the algorithm `base` when it
+    composes (a shaping method); `sections` maps algorithm names to their config sections."""
+    cls = ALGORITHMS.get(name)
     if not cls.composes:
-        return cls(run.section(cls.name), run)
-    base_cls = ALGORITHMS.get(run.algo.base)
+        return cls(sections[cls.name], context)
+    base_cls = ALGORITHMS.get(base)
     if base_cls.composes:
-        from meds_cli.core.errors import UserError
-
         bases = [e.name for e in ALGORITHMS.entries() if not e.obj.composes]
-        raise UserError(f"--base '{run.algo.base}' is itself a shaping method; accepted bases: {', '.join(bases)}")
-    base = base_cls(run.section(base_cls.name), run)
-    return cls(run.section(cls.name), run, base)
+        raise UserError(f"--base '{base}' is itself a shaping method; accepted bases: {', '.join(bases)}")
+    return cls(sections[cls.name], context, base_cls(sections[base_cls.name], context))

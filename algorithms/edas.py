@@ -151,8 +151,8 @@ def error_classes(verdicts, equivalence: str, group_size: int) -> list[Hashable 
 class EDAS(OnBase):
     config_class = EDASConfig
 
-    def __init__(self, config, run, base):
-        super().__init__(config, run, base)
+    def __init__(self, config, context, base):
+        super().__init__(config, context, base)
         if config.kappa <= 1:
             raise UserError(f"edas.kappa must be greater than 1 (else the clip can flip a sign), got {config.kappa}")
         if config.alpha < 0 or config.beta < 0:

@@ -20,6 +20,7 @@ step_metrics does, for the diagnostic 'majority agrees with gold', and says so.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -30,7 +31,6 @@ from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes, class_si
 from algorithms.base import Algorithm, GRPOConfig, register
 from algorithms.policy_loss import clipped_surrogate, k3_kl
 from benchmarks.answer_extraction import extract_answer
-from benchmarks.tasks import integer_answer
 from meds_cli.core.fields import choice, doc
 
 EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer", "first_char"]
@@ -112,22 +112,9 @@ def read_answer(text: str, mode: str) -> str | None:
     """The final answer of a response under an extraction mode (no gold answer involved)."""
     if mode == "first_char":
         return text[:1] or None
-    if mode == "boxed_or_last_integer":
-        return integer_answer(text or "", mode)  # the arithmetic task's reading: small models rarely box
+    if mode == "boxed_or_last_integer":  # small models rarely box: the last number when nothing is boxed
+        return extract_answer(text or "", "boxed_then_last_number")
     return extract_answer(text, mode)
-
-
-def extraction_for(run) -> str:
-    """'auto': read answers the way the task's grader would, minus the gold answer."""
-    mode = run.section("rlif-multireward").extraction
-    if mode != "auto":
-        return mode
-    task = run.task
-    if task.name == "copy":
-        return "first_char"
-    if task.name == "arithmetic":
-        return task.answer_format
-    return "boxed"
 
 
 # ---------------------------------------------------------------- the algorithm
@@ -137,13 +124,13 @@ def extraction_for(run) -> str:
 class RLIFMultiReward(Algorithm):
     config_class = RLIFConfig
 
-    def __init__(self, config, run):
-        super().__init__(config, run)
-        self.extraction = extraction_for(run)
-        train, rollout = run.train, run.rollout
-        batch = rollout.prompts_per_step * rollout.group_size
-        one_update = train.ppo_epochs == 1 and (not train.mini_batch_size or train.mini_batch_size >= batch)
-        if one_update and config.kl_cov_ratio > 0 and config.kl_cov_coef != 0:
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        if config.extraction == "auto":  # the task's own reading, minus the gold answer
+            self.extraction, self.read_answer = context.answer_mode, context.read_answer
+        else:
+            self.extraction, self.read_answer = config.extraction, functools.partial(read_answer, mode=config.extraction)
+        if context.optimizer_steps_per_batch == 1 and config.kl_cov_ratio > 0 and config.kl_cov_coef != 0:
             warnings.warn("rlif-multireward: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
                           "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
                           "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=2)
@@ -156,7 +143,7 @@ class RLIFMultiReward(Algorithm):
 
     def reward_components(self, rollouts):
         g = rollouts.group_size
-        answers = [read_answer(t, self.extraction) for t in rollouts.response_texts]
+        answers = [self.read_answer(t) for t in rollouts.response_texts]
         groups = [answers[s:s + g] for s in range(0, rollouts.size, g)]
         labels = answer_classes(groups, self.config.equivalence)
         rollouts.extras["answer_class"] = [label for group in labels for label in group]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.meds import FEATURES, LABEL
 from algorithms.meds_clusterers import (CLUSTERERS, ShuffledLabels, best_k_by_silhouette, cluster_settings,
                                         small_clusters_as_noise)

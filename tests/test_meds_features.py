@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
 from meds_cli.core.records import Problem

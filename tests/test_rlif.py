@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages, kl_cov_loss, kl_cov_select,
                                          read_answer, self_certainty)
 from meds_cli.core.records import Problem, Verdict

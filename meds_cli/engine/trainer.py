@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms import build_algorithm
 from algorithms.policy_loss import agg_loss
 from benchmarks.tasks import PromptSampler, build_task
 from meds_cli.engine import checkpoints, runs
+from meds_cli.engine.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.core.errors import UserError
 from meds_cli.engine.metrics import mean_of, rollout_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
@@ -55,8 +55,8 @@ class Trainer:
         self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._validate()
-        self.algorithm = build_algorithm(cfg)
         self.task = build_task(cfg.task, cfg.train.seed)
+        self.algorithm = build_algorithm(cfg, self.task)
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self._seed(cfg.train.seed)
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
@@ -67,7 +67,7 @@ class Trainer:
         self.model, self.optimizer = self.acc.prepare(model, optimizer)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
-        total = cfg.train.steps * cfg.train.ppo_epochs * self._mini_batches_per_epoch()
+        total = cfg.train.steps * optimizer_steps_per_batch(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,16 +84,6 @@ class Trainer:
             raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over {self.world} processes")
         if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
             raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
-        for key in ("steps", "ppo_epochs", "micro_batch_size"):
-            if getattr(cfg.train, key) < 1:
-                raise UserError(f"train.{key} must be at least 1, got {getattr(cfg.train, key)}")
-        if cfg.rollout.group_size < 1 or cfg.rollout.prompts_per_step < 1:
-            raise UserError("rollout.group_size and rollout.prompts_per_step must be at least 1")
-
-    def _mini_batches_per_epoch(self) -> int:
-        batch = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
-        mini = self.cfg.train.mini_batch_size or batch
-        return max(1, math.ceil(batch / mini))
 
     def _seed(self, value: int):
         random.seed(value)
@@ -167,8 +157,9 @@ class Trainer:
                 "groups_dropped": all_sampled.num_groups - kept, "groups_trained": groups}
         if groups < quota and not self._warned_short_batch:
             self._warned_short_batch = True
+            hint = algo.short_batch_hint()
             self._say(f"[yellow]warning:[/] only {groups} of {quota} groups per process had a reward spread after "
-                      f"{rounds} sampling rounds; training on what was kept (raise max_gen_batches to sample more)")
+                      f"{rounds} sampling rounds; training on what was kept" + (f" ({hint})" if hint else ""))
         if groups == 0:
             return None, all_sampled, info
         batch = Rollouts.concat([p for p in kept_parts if p.size], self.tokenizer.pad_token_id)
