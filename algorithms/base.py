@@ -15,13 +15,14 @@ another algorithm's keys or on which task runs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
 from algorithms.advantages import group_advantages
-from algorithms.policy_loss import LOSS_AGG_MODES, clipped_surrogate, k3_kl
+from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc
 from meds_cli.core.records import CORRECTNESS
@@ -53,6 +54,9 @@ class GRPOConfig:
     clip_ratio_c: float = doc(3.0, "dual-clip bound c (> 1)")
     loss_agg: str = choice("seq-mean-token-mean", LOSS_AGG_MODES, "loss aggregation")
     kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)")
+    policy_loss: str = choice("vanilla", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py)")
+    kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)")
+    kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,13 @@ class Algorithm:
     def __init__(self, config, context: AlgorithmContext):
         self.config = config
         self.context = context
+        if not self.composes:  # a shaping method's loss is its base's
+            self.policy_loss = POLICY_LOSSES.get(config.policy_loss)
+            if (config.policy_loss == "kl-cov" and context.optimizer_steps_per_batch == 1
+                    and config.kl_cov_ratio > 0 and config.kl_cov_coef != 0):
+                warnings.warn(f"{self.name}: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
+                              "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
+                              "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
 
     # -- sampling forward pass
     @property
@@ -130,14 +141,11 @@ class Algorithm:
         return self.config.loss_agg
 
     def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        """Per-token loss [b, R] and stats for one micro-batch."""
-        cfg = self.config
-        loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high,
-                                        cfg.clip_ratio_c if cfg.dual_clip else None)
-        if cfg.kl_coef > 0 and ref_logp is not None:
-            kl = k3_kl(logp, ref_logp)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
+        """Per-token loss [b, R] and stats for one micro-batch: the configured policy loss, plus the
+        k3 KL to the reference policy when this algorithm uses one (the only place it is added)."""
+        loss, stats = self.policy_loss(logp, old_logp, advantages, mask, self.config)
+        if self.uses_reference and ref_logp is not None:
+            loss, stats = add_kl_penalty(loss, stats, logp, ref_logp, mask, self.config.kl_coef)
         return loss, stats
 
     # -- state

@@ -48,9 +48,6 @@ class DAPO(Algorithm):
     def uses_reference(self) -> bool:
         return False  # DAPO has no KL term
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        return super().token_loss(logp, old_logp, advantages, mask, None)
-
     def reward_components(self, rollouts):
         components = super().reward_components(rollouts)
         cfg = self.config

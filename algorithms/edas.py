@@ -25,12 +25,11 @@ import torch
 
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
 from algorithms.base import OnBase, register
-from meds_cli.core.fields import choice, doc
 from meds_cli.core.errors import UserError
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.records import MATH_OUTCOMES  # any other verdict outcome is a code run's class
+from meds_cli.core.rollouts import group_slices
 
-# Verdict outcomes of math graders (benchmarks.registry.Verdict); any other outcome is a code
-# run's outcome class, which is the error class itself.
-MATH_OUTCOMES = frozenset({"correct", "wrong", "no_answer", "timeout"})
 NO_ANSWER_CLASS = "no_answer"
 
 
@@ -85,8 +84,8 @@ def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequ
     clipped_all = torch.zeros_like(shaped, dtype=torch.bool)
     in_scope = torch.zeros_like(shaped, dtype=torch.bool)  # wrong responses of groups with N_w > 1
     cases, class_counts = [], []
-    for start in range(0, advantages.numel(), group_size):
-        rows = [i for i in range(start, start + group_size) if bool(wrong[i])]
+    for group in group_slices(advantages.numel(), group_size):
+        rows = [i for i in range(group.start, group.stop) if bool(wrong[i])]
         labels = [classes[i] for i in rows]
         class_counts.append(len(set(labels)))
         delta, case = diversity_delta(labels, [abs(float(advantages[i])) for i in rows], alpha, beta)
@@ -123,9 +122,9 @@ def error_classes(verdicts, equivalence: str, group_size: int) -> list[Hashable 
     labels: list[Hashable | None] = [None] * len(verdicts)
     math_groups: list[list[str | None]] = []
     math_rows: list[list[int]] = []
-    for start in range(0, len(verdicts), group_size):
+    for group in group_slices(len(verdicts), group_size):
         answers, rows = [], []
-        for i in range(start, min(start + group_size, len(verdicts))):
+        for i in range(group.start, group.stop):
             v = verdicts[i]
             if v.correct:
                 continue

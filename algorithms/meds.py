@@ -141,15 +141,15 @@ class MEDS(OnBase):
         self.base.shape_rewards(rollouts)
         if FEATURES not in rollouts.extras:
             raise RuntimeError("MEDS found no features: observe_forward did not run on this batch")
-        cfg, g = self.config, rollouts.group_size
+        cfg = self.config
         features = rollouts.extras[FEATURES]
         correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
         sizes = torch.zeros(rollouts.size, dtype=torch.long)
         labels = torch.full((rollouts.size,), NOISE, dtype=torch.long)
         shaped_kinds = ("wrong", "correct") if cfg.target == "both" else ("wrong",)
         state, clusters = StepState(rollouts), {kind: [] for kind in KINDS}
-        for group, problem in enumerate(rollouts.problems):
-            rows = torch.arange(group * g, group * g + g)
+        for problem, group in zip(rollouts.problems, rollouts.groups()):
+            rows = torch.arange(group.start, group.stop)
             for kind in KINDS:
                 members = rows[correct[rows] == (kind == "correct")]
                 if len(members) == 0:
@@ -185,8 +185,7 @@ class MEDS(OnBase):
             out["meds/correct_clusters_per_prompt"] = float(np.mean(clusters["correct"])) if clusters["correct"] else 0.0
             out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
         # Top-1 eigen ratio per group over all its responses, in the normalised space HDBSCAN sees.
-        g = rollouts.group_size
-        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][s:s + g].numpy())) for s in range(0, rollouts.size, g)]
+        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][rows].numpy())) for rows in rollouts.groups()]
         ratios = [r for r in ratios if r is not None]
         if ratios:
             out["meds/eigen_ratio_top1"] = float(np.mean(ratios))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from meds_cli.engine.algorithm_setup import build_algorithm
-from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages, kl_cov_loss, kl_cov_select,
+from algorithms.policy_loss import kl_cov_loss, kl_cov_select
+from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages,
                                          read_answer, self_certainty)
 from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.forward import ForwardView
