@@ -25,8 +25,7 @@ import torch
 
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
 from algorithms.base import OnBase, register
-from meds_cli.core.errors import UserError
-from meds_cli.core.fields import choice, doc
+from meds_cli.core.fields import at_least, choice, doc, greater_than
 from meds_cli.core.records import MATH_OUTCOMES  # any other verdict outcome is a code run's class
 from meds_cli.core.rollouts import group_slices
 
@@ -35,9 +34,10 @@ NO_ANSWER_CLASS = "no_answer"
 
 @dataclass
 class EDASConfig:
-    alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)")
-    beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)")
-    kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)")
+    alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)", at_least(0))
+    beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)", at_least(0))
+    kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)",
+                       greater_than(1, "else the clip can flip a sign"))
     warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)")
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
 
@@ -152,10 +152,6 @@ class EDAS(OnBase):
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)
-        if config.kappa <= 1:
-            raise UserError(f"edas.kappa must be greater than 1 (else the clip can flip a sign), got {config.kappa}")
-        if config.alpha < 0 or config.beta < 0:
-            raise UserError(f"edas.alpha and edas.beta must be >= 0, got {config.alpha} and {config.beta}")
         self.steps_done = 0
         self._last: dict = {}
 

