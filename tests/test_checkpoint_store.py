@@ -7,7 +7,7 @@ import pytest
 from meds_cli.engine.checkpoint_store import (MANIFEST, all_steps, checkpoint_path, checkpoint_problem,
                                               find_usable_checkpoint, prune_checkpoints, remove_checkpoint,
                                               require_checkpoint, write_manifest)
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 
 def make_checkpoint(run, step, *, finished=True):

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"

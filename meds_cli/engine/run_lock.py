@@ -19,7 +19,7 @@ import socket
 import time
 from pathlib import Path
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 LOCK_NAME = ".lock"
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 FORMAT = "meds-state"
 VERSION = 1

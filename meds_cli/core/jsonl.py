@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 
 def _parse(line: bytes):
