@@ -24,7 +24,7 @@ import torch
 from algorithms.advantages import group_advantages
 from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
 from meds_cli.core.errors import UserError
-from meds_cli.core.fields import choice, doc
+from meds_cli.core.fields import Check, at_least, choice, doc, greater_than
 from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
 from meds_cli.core.forward import ForwardView
@@ -47,16 +47,17 @@ def register(name: str, description: str):
 @dataclass
 class GRPOConfig:
     scale_rewards: str = choice("group", ["group", "batch", "none"], "divide advantages by the group std, the batch std, or nothing")
-    adv_eps: float = doc(1e-6, "epsilon in the advantage denominator")
-    clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low")
-    clip_high: float = doc(0.2, "eps_high: ratio clipped above at 1 + eps_high")
+    adv_eps: float = doc(1e-6, "epsilon in the advantage denominator", greater_than(0))
+    clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low", Check(lambda v: 0 <= v < 1, "in [0, 1)"))
+    clip_high: float = doc(0.2, "eps_high: ratio clipped above at 1 + eps_high", at_least(0))
     dual_clip: bool = doc(False, "dual clip for negative advantages")
-    clip_ratio_c: float = doc(3.0, "dual-clip bound c (> 1)")
+    clip_ratio_c: float = doc(3.0, "dual-clip bound c (> 1)", greater_than(1))
     loss_agg: str = choice("seq-mean-token-mean", LOSS_AGG_MODES, "loss aggregation")
-    kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)")
+    kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)", at_least(0))
     policy_loss: str = choice("vanilla", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py)")
-    kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)")
-    kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens")
+    kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
+                              Check(lambda v: 0 <= v <= 1, "in [0, 1]"))
+    kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens", at_least(0))
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ class Algorithm:
     description = ""
     config_class: type = GRPOConfig
     composes = False  # True for shaping methods that wrap a base algorithm
+    # Rewards are normalised within each group of responses to a prompt: a group of one has no
+    # baseline, so rollout.group_size must be at least this (checked when the config loads).
+    min_group_size = 2
 
     def __init__(self, config, context: AlgorithmContext):
         self.config = config

@@ -16,7 +16,7 @@ import torch
 
 from algorithms.advantages import zero_spread_groups
 from algorithms.base import Algorithm, GRPOConfig, register
-from meds_cli.core.fields import choice, doc
+from meds_cli.core.fields import at_least, choice, doc
 from meds_cli.core.records import CORRECTNESS
 
 
@@ -25,10 +25,10 @@ class DAPOConfig(GRPOConfig):
     clip_high: float = doc(0.28, "eps_high (clip-higher)")
     loss_agg: str = choice("token-mean", GRPOConfig.__dataclass_fields__["loss_agg"].metadata["choices"], "loss aggregation")
     dynamic_sampling: bool = doc(True, "drop groups with equal rewards and sample more prompts")
-    max_gen_batches: int = doc(3, "sampling rounds per step at most (dynamic sampling)")
+    max_gen_batches: int = doc(3, "sampling rounds per step at most (dynamic sampling)", at_least(1))
     filter_metric: str = choice(CORRECTNESS, [CORRECTNESS, "reward"], "what must vary within a kept group")
-    overlong_buffer: int = doc(0, "L_buf in tokens (0 disables overlong shaping)")
-    overlong_factor: float = doc(1.0, "penalty at the length limit")
+    overlong_buffer: int = doc(0, "L_buf in tokens (0 disables overlong shaping)", at_least(0))
+    overlong_factor: float = doc(1.0, "penalty at the length limit", at_least(0))
     mask_truncated: bool = doc(False, "leave responses without EOS out of the loss")
 
 

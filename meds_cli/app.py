@@ -45,7 +45,8 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
     output: Annotated[Optional[Path], typer.Option(help="Run folder to create (default runs/<time>-<algo>-<tag>).")] = None,
     tag: Annotated[Optional[str], typer.Option(help="Suffix of the run folder name.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its last checkpoint.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest complete checkpoint.")] = None,
+    step: Annotated[Optional[int], typer.Option(help="With --resume: the checkpoint step to continue from.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
@@ -54,7 +55,7 @@ def train(
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
     try:
-        code = run_training(config or [], set_ or [], shortcuts, resume=resume, argv=sys.argv, quiet=quiet)
+        code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
     except UserError as e:
         fail(str(e))
     raise typer.Exit(code)

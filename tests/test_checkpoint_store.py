@@ -1,10 +1,11 @@
 """Checkpoint completeness (manifest written last), choosing one to resume from, and retention."""
 
 import json
+import shutil
 
 import pytest
 
-from meds_cli.engine.checkpoint_store import (MANIFEST, all_steps, checkpoint_path, checkpoint_problem,
+from meds_cli.engine.checkpoint_store import (MANIFEST, all_steps, begin_checkpoint, publish_checkpoint, checkpoint_path, checkpoint_problem,
                                               find_usable_checkpoint, prune_checkpoints, remove_checkpoint,
                                               require_checkpoint, write_manifest)
 from meds_cli.core.errors import UserError
@@ -135,3 +136,22 @@ def test_removal_drops_the_manifest_first(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: None)  # as if killed right after the first unlink
     remove_checkpoint(folder)
     assert checkpoint_problem(folder) is not None
+
+
+def test_retention_after_resuming_from_an_earlier_step_keeps_the_step_just_written(tmp_path):
+    for step in (2, 4, 6, 8):
+        make_checkpoint(tmp_path, step)
+    shutil.rmtree(checkpoint_path(tmp_path, 4))  # resumed from step 2 (--step 2), now writes step 3
+    make_checkpoint(tmp_path, 3)
+    prune_checkpoints(tmp_path, keep=1, newest=3)
+    assert all_steps(tmp_path) == [3, 6, 8]  # the later ones wait to be overwritten
+
+
+def test_writing_a_checkpoint_publishes_it_whole(tmp_path):
+    tmp = begin_checkpoint(tmp_path, 5)
+    (tmp / "weights.safetensors").write_bytes(b"w")
+    assert all_steps(tmp_path) == []  # the temporary folder is not a checkpoint
+    write_manifest(tmp, step=5)
+    final = publish_checkpoint(tmp, tmp_path, 5)
+    assert final == checkpoint_path(tmp_path, 5) and not tmp.exists()
+    assert checkpoint_problem(final) is None

@@ -1,16 +1,27 @@
-"""`meds train`: resolve the config, set up the run folder, drive the Trainer with a progress bar."""
+"""`meds train`: resolve the config, claim and lock the run folder, drive the Trainer with a progress bar.
+
+Faults end in one line, with nothing half-written left behind: a folder another process trains
+in (the run lock), an --output that cannot hold a run, a full disk or a read-only folder, a
+resume that would change what its checkpoint depends on. A resume continues from the newest
+complete checkpoint (or --step N), starts a run that never reached a checkpoint over from
+step 0, and logs what settings it changed (meds_cli/engine/resume.py).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from meds_cli.core.errors import UserError, is_storage_error, os_error
 from meds_cli.engine import runs
+from meds_cli.engine.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config
-from meds_cli.core.errors import UserError
+from meds_cli.engine.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
+from meds_cli.engine.run_lock import RunLock
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
              ("loss", "loss"), ("time_step_s", "s/step")]
@@ -18,52 +29,89 @@ SUMMARY_KEYS = ["reward", "accuracy", "eval/accuracy", "response_length_mean", "
                 "distinct_wrong_answers_per_group", "zero_spread_group_share", "time_step_s"]
 
 
-def prepare_run(config_files, overrides, shortcuts, resume: Path | None) -> tuple[RunConfig, Path, Path | None]:
-    """(config, run folder, checkpoint to resume from)."""
-    if resume is not None:
-        run_dir = runs.resolve_run_dir(str(resume))
-        cfg = load_config([str(run_dir / "config.yaml"), *map(str, config_files)], overrides,
-                          {k: v for k, v in shortcuts.items() if k == "train.steps"})
-        checkpoint = runs.find_checkpoint(run_dir)
-        return cfg, run_dir, checkpoint
-    cfg = load_config([str(f) for f in config_files], overrides, shortcuts)
-    import algorithms
+@dataclass
+class RunPlan:
+    cfg: RunConfig
+    run_dir: Path
+    resuming: bool
+    changes: dict = field(default_factory=dict)  # {key: (run's value, new value)} of a resume
 
-    algorithms.ALGORITHMS.get(cfg.algo.name)  # fail on a wrong name before creating anything
+
+def prepare_run(config_files, overrides, shortcuts, resume: Path | None, step: int | None = None) -> RunPlan:
+    """The config and run folder, checked before any model loads or folder is made."""
+    if resume is not None:
+        if shortcuts.get("train.output_dir"):
+            raise UserError("--output names a new run folder; a resumed run stays in its own folder (drop --output)")
+        run_dir = runs.resolve_run_dir(str(resume))
+        saved = str(run_dir / "config.yaml")
+        before = load_config([saved])
+        cfg = load_config([saved, *map(str, config_files)], overrides, shortcuts)
+        changes = config_changes(before, cfg)
+        refuse_fixed_changes(changes, before)
+        return RunPlan(cfg, run_dir, True, changes)
+    if step is not None:
+        raise UserError("--step picks the checkpoint a resumed run continues from; it needs --resume RUN")
+    cfg = load_config([str(f) for f in config_files], overrides, shortcuts)
     from benchmarks import load_all
     from benchmarks.registry import TASKS
 
     load_all()
-    TASKS.get(cfg.task.name)
+    TASKS.get(cfg.task.name)  # fail on a wrong name before creating anything
     target = Path(cfg.train.output_dir) if cfg.train.output_dir else runs.new_run_dir(cfg.train.runs_root, cfg.algo.name, cfg.train.tag)
-    return cfg, target, None
+    runs.check_output_path(target)
+    return RunPlan(cfg, target, False)
 
 
-def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), quiet=False) -> int:
-    cfg, run_dir, checkpoint = prepare_run(config_files, overrides, shortcuts, resume)
+def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, argv=(), quiet=False) -> int:
+    plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     from accelerate import Accelerator
 
-    from meds_cli.engine.trainer import Trainer
-
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    accelerator = Accelerator(mixed_precision=plan.cfg.train.mixed_precision)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
-    created = checkpoint is None and not run_dir.exists()
-    if checkpoint is None and main:
-        runs.claim_run_dir(run_dir)
-    accelerator.wait_for_everyone()
+    run_dir = plan.run_dir
+    created = not run_dir.exists()
+    lock = RunLock(run_dir)  # held by the main process for the whole run
     try:
-        with console.status(f"loading {cfg.model.name} ..."):
-            trainer = Trainer(cfg, run_dir, accelerator=accelerator)
-    except UserError:
+        if main and plan.resuming:
+            lock.acquire()
+        elif main:
+            runs.claim_run_dir(run_dir, lock)
+        accelerator.wait_for_everyone()
+        return _train(plan, step, accelerator, console, argv, quiet)
+    except OSError as error:
+        if is_storage_error(error):
+            raise os_error(error, f"write to the run folder '{run_dir}'") from None
+        raise
+    finally:
+        lock.release()
         if created and main and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # leave no empty run folder behind a run that never started
-        raise
+
+
+def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv, quiet: bool) -> int:
+    from meds_cli.engine.trainer import Trainer
+
+    cfg, run_dir, main = plan.cfg, plan.run_dir, accelerator.is_main_process
+    checkpoint = None
+    if plan.resuming:
+        checkpoint = find_usable_checkpoint(run_dir, step, say=lambda text: console.print(f"[yellow]note:[/] {text}"))
+    with console.status(f"loading {cfg.model.name} ..."):
+        trainer = Trainer(cfg, run_dir, accelerator=accelerator)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
         console.print(f"resumed [bold]{run_dir}[/] at step {trainer.step}")
+    elif plan.resuming:
+        # Killed before its first checkpoint: nothing to restore, so the run starts over.
+        if main:
+            trainer.metrics.truncate_after(0)
+        console.print(f"{run_dir} has no checkpoint yet: starting it over from step 0")
     elif main:
         runs.write_provenance(run_dir, list(argv))
+    if plan.resuming and main:
+        if plan.changes:
+            console.print(f"changed settings, applied from step {trainer.step}: {describe_changes(plan.changes)}")
+        record_resume(run_dir, trainer.step, checkpoint, plan.changes)
     if main:
         # The folder is not part of the snapshot, so `--config config.yaml` repeats the run in a new folder.
         cfg.train.output_dir = ""
@@ -93,7 +141,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
         console.print(f"[yellow]stopped[/] at step {trainer.step} ({where}); continue with: meds train --resume {run_dir}")
         return 130
     if main:
-        print_summary(console, run_dir, runs.MetricsLog(run_dir / "metrics.jsonl").rows())
+        print_summary(console, run_dir, runs.metrics_rows(run_dir))
     return 0
 
 

@@ -10,10 +10,10 @@ line naming the file and the line, so a person can look at it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_text
 
 
 def _parse(line: bytes):
@@ -84,10 +84,4 @@ def append_rows(path: Path, rows: list[dict], *, ensure_ascii: bool = True) -> N
 
 def rewrite_rows(path: Path, rows: list[dict]) -> None:
     """Replace the file's rows atomically (a kill leaves the old file or the new one, never half)."""
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    replace_text(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -47,6 +47,44 @@ def all_steps(run_dir: Path) -> list[int]:
     return sorted(step for child in root.iterdir() if child.is_dir() and (step := checkpoint_step(child)) is not None)
 
 
+def temporary_path(run_dir: Path, step: int) -> Path:
+    """Where checkpoint `step` is written before it is published under its own name."""
+    return checkpoints_root(run_dir) / f".{PREFIX}{step}{TEMPORARY_SUFFIX}"
+
+
+def begin_checkpoint(run_dir: Path, step: int) -> Path:
+    """A fresh temporary folder to write checkpoint `step` into; publish it with publish_checkpoint."""
+    tmp = temporary_path(run_dir, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_checkpoint(tmp: Path, run_dir: Path, step: int) -> Path:
+    """Rename the finished temporary folder to step_N (atomic on one filesystem) and make the
+    rename durable."""
+    final = checkpoint_path(run_dir, step)
+    if final.exists():
+        remove_checkpoint(final)
+    os.replace(tmp, final)
+    _sync_folder(final.parent)
+    return final
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no directory handles here (Windows): the rename is as durable as it gets
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------- the manifest
 
 
@@ -161,19 +199,21 @@ def remove_checkpoint(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+def prune_checkpoints(run_dir: Path, keep: int, newest: int | None = None) -> list[Path]:
     """Keep the newest `keep` complete checkpoints (all of them when keep is 0) and delete the
     other checkpoint folders older than the newest complete one, broken ones and leftovers of
-    interrupted writes included. Returns what was deleted."""
+    interrupted writes included. Returns what was deleted.
+
+    `newest`: the step just written. Checkpoints after it (a run resumed from an earlier step
+    with --step) are left alone; the run overwrites them as it gets there."""
     if keep < 0:
         raise ValueError(f"keep must be >= 0, got {keep}")
-    steps = all_steps(run_dir)
+    steps = [s for s in all_steps(run_dir) if newest is None or s <= newest]
     complete = [s for s in steps if checkpoint_problem(checkpoint_path(run_dir, s), deep=False) is None]
     if not complete:
         return []  # nothing is safe to delete while no checkpoint is whole
     kept = set(complete if keep == 0 else complete[-keep:])
-    newest = complete[-1]
-    removed = [checkpoint_path(run_dir, s) for s in steps if s < newest and s not in kept]
+    removed = [checkpoint_path(run_dir, s) for s in steps if s < complete[-1] and s not in kept]
     root = checkpoints_root(run_dir)
     removed += sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(".") and p.name.endswith(TEMPORARY_SUFFIX))
     for folder in removed:

@@ -1,73 +1,166 @@
 """Checkpoints of a training run: trainable weights (and the peft adapter), optimizer, scheduler,
 every process's RNG and algorithm state, the prompt sampler's position.
 
-A checkpoint is written into a temporary folder and renamed into place (meds_cli/engine/runs.py),
-so an interrupted write never leaves a half checkpoint that a resume would pick up.
+Everything is data: weights in safetensors, the other states through the state codec
+(meds_cli/engine/state_codec.py: safetensors + JSON, read back without unpickling), so a
+checkpoint can never run code. A checkpoint is written into a temporary folder, finished with a
+manifest of every file's size and checksum, and renamed into place
+(meds_cli/engine/checkpoint_store.py): a kill or a full disk never leaves a half checkpoint
+that a resume would pick up, and the temporary folder of a failed write is removed.
+
+  step_N/weights.safetensors   trainable weights          adapter/   peft adapter (for eval)
+         optimizer.{json,safetensors}  scheduler.{json,safetensors}
+         rng_<rank>.{json,safetensors}  algorithm_<rank>.{json,safetensors}
+         state.json                    step, sampler position, world size, model, algorithm
+         manifest.json                 written last: sizes and sha256 of all the above
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from meds_cli.core.errors import UserError
-from meds_cli.engine import runs
+from meds_cli.core.errors import UserError, os_error
+from meds_cli.engine.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
+                                              temporary_path, write_manifest)
+from meds_cli.engine.state_codec import load_state, save_state
+
+WEIGHTS = "weights.safetensors"
+STATE = "state.json"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
 
 
 def save_checkpoint(trainer) -> Path:
-    """Write checkpoints/step_N of the trainer's run (every process takes part); returns its folder."""
-    from safetensors.torch import save_file
-
-    acc = trainer.acc
+    """Write checkpoints/step_N of the trainer's run (every process takes part); returns its folder.
+    A failed write (full disk, read-only folder) removes its temporary folder and is a UserError."""
+    acc, run_dir, step = trainer.acc, trainer.run_dir, trainer.step
+    main = acc.is_main_process
+    tmp = temporary_path(run_dir, step)  # every rank writes its RNG and algorithm state there
+    final = checkpoint_path(run_dir, step)
     acc.wait_for_everyone()
-    tmp = runs.temporary_checkpoint_dir(trainer.run_dir, trainer.step)  # every rank writes its RNG and algorithm state there
-    if acc.is_main_process:
-        runs.begin_checkpoint(trainer.run_dir, trainer.step)
-        model = trainer.unwrapped
-        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-        save_file(trainable, str(tmp / "weights.safetensors"))
-        if hasattr(model, "peft_config"):
-            model.save_pretrained(str(tmp / "adapter"))
-        torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
-        state = {"step": trainer.step, "sampler_position": trainer.sampler.position, "world_size": trainer.world,
-                 "model": trainer.cfg.model.name, "algorithm": trainer.cfg.algo.name}
-        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    acc.wait_for_everyone()
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-               tmp / f"rng_{trainer.rank}.pt")
-    torch.save(trainer.algorithm.state_dict(), tmp / f"algorithm_{trainer.rank}.pt")
-    acc.wait_for_everyone()
-    final = runs.checkpoint_dir(trainer.run_dir, trainer.step)
-    if acc.is_main_process:
-        final = runs.finish_checkpoint(tmp, trainer.run_dir, trainer.step)
+    try:
+        if main:
+            begin_checkpoint(run_dir, step)
+            _write_main_files(trainer, tmp)
+        acc.wait_for_everyone()
+        save_state(rng_state(), tmp, f"rng_{trainer.rank}")
+        save_state(trainer.algorithm.state_dict(), tmp, f"algorithm_{trainer.rank}")
+        acc.wait_for_everyone()
+        if main:
+            write_manifest(tmp, step=step)
+            publish_checkpoint(tmp, run_dir, step)
+            prune_checkpoints(run_dir, trainer.cfg.train.keep_checkpoints)
+    except BaseException as error:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise os_error(error, f"write checkpoint {final}") from None
+        raise
     acc.wait_for_everyone()
     return final
 
+
+def _write_main_files(trainer, tmp: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = trainer.unwrapped
+    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    save_file(trainable, str(tmp / WEIGHTS))
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
+    save_state(trainer.optimizer.state_dict(), tmp, "optimizer")
+    save_state(trainer.scheduler.state_dict(), tmp, "scheduler")
+    state = {"step": trainer.step, "sampler_position": trainer.sampler.position, "world_size": trainer.world,
+             "model": trainer.cfg.model.name, "algorithm": trainer.cfg.algo.name}
+    (tmp / STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def refuse_pickled(path: Path) -> None:
+    """Checkpoints of older versions hold pickles (*.pt); they are never unpickled."""
+    pickled = sorted(p.name for p in Path(path).glob("*.pt"))
+    if pickled and not (Path(path) / "optimizer.json").is_file():
+        raise UserError(f"checkpoint {path} holds pickle files ({pickled[0]}) from an older meds; they are not "
+                        f"loaded, because unpickling a file can run code: start a new run")
+
+
+def read_checkpoint_info(path: Path) -> dict:
+    """state.json of a checkpoint, checked: step, sampler position and world size as integers."""
+    try:
+        state = json.loads((Path(path) / STATE).read_text())
+        for key in ("step", "sampler_position", "world_size"):
+            if type(state[key]) is not int or state[key] < 0:
+                raise ValueError(key)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"checkpoint {path} has no readable {STATE}; it was damaged or replaced") from None
+    return state
+
+
 def load_checkpoint(trainer, path: Path) -> None:
-    """Restore the trainer from a checkpoint folder written by save_checkpoint."""
+    """Restore the trainer from a checkpoint folder written by save_checkpoint, then apply the run's
+    current optimizer settings (a resume may change the learning rate, schedule or steps)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    state = json.loads((path / "state.json").read_text())
-    if state.get("world_size", 1) != trainer.world:
-        raise UserError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume it with the same number")
-    weights = load_file(str(path / "weights.safetensors"))
-    missing = trainer.unwrapped.load_state_dict(weights, strict=False)
-    unexpected = [k for k in missing.unexpected_keys]
-    if unexpected:
-        raise UserError(f"checkpoint {path} does not match this model (unexpected weights such as {unexpected[0]})")
-    trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    rng = torch.load(path / f"rng_{trainer.rank}.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    trainer.algorithm.load_state_dict(torch.load(path / f"algorithm_{trainer.rank}.pt", weights_only=False))
+    path = Path(path)
+    refuse_pickled(path)
+    state = read_checkpoint_info(path)
+    if state["world_size"] != trainer.world:
+        raise UserError(f"world size changed: checkpoint {path} was written by {state['world_size']} processes, "
+                        f"this run has {trainer.world}; resume it with {state['world_size']}")
+    try:
+        weights = load_file(str(path / WEIGHTS))
+    except (OSError, SafetensorError) as error:
+        raise UserError(f"checkpoint {path}: {WEIGHTS} is not readable ({str(error).splitlines()[0]})") from None
+    optimizer = load_state(path, "optimizer")
+    scheduler = load_state(path, "scheduler")
+    rng = load_state(path, f"rng_{trainer.rank}")
+    algorithm = load_state(path, f"algorithm_{trainer.rank}")
+    model = trainer.unwrapped
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    try:
+        result = model.load_state_dict(weights, strict=False)
+        if result.unexpected_keys or trainable - set(weights):
+            odd = (result.unexpected_keys or sorted(trainable - set(weights)))[0]
+            raise ValueError(f"{'unexpected' if result.unexpected_keys else 'missing'} weight {odd}")
+        trainer.optimizer.load_state_dict(optimizer)
+        trainer.scheduler.load_state_dict(scheduler)
+        set_rng_state(rng)
+        trainer.algorithm.load_state_dict(algorithm)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise UserError(f"checkpoint {path} does not fit this run ({reason})") from None
+    apply_optimizer_settings(trainer)
     trainer.step = state["step"]
     trainer.sampler.position = state["sampler_position"]
     if trainer.acc.is_main_process:
         trainer.metrics.truncate_after(trainer.step)
+
+
+def apply_optimizer_settings(trainer) -> None:
+    """Set the optimizer's hyperparameters and the schedule's base rate from the run config, and
+    the current rate from the schedule (as the scheduler computes it), after loading a checkpoint
+    that may have been written with other values. Unchanged settings give the saved values back."""
+    optim, scheduler = trainer.cfg.optim, trainer.scheduler
+    groups = trainer.optimizer.param_groups
+    scheduler.base_lrs = [optim.lr for _ in groups]
+    rates = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(groups, rates):
+        group.update(initial_lr=optim.lr, lr=rate, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    scheduler._last_lr = rates  # what get_last_lr() reports, as after a scheduler step

@@ -11,6 +11,7 @@ sections come from the algorithm registry, so this module never lists algorithms
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,18 +23,27 @@ import yaml
 from algorithms import ALGORITHMS
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.fields import at_least, choice, doc, require, validate_section
+from meds_cli.core.files import replace_text
+from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+
+FINITE = Check(math.isfinite, "a finite number")
+FINITE_POSITIVE = Check(lambda v: math.isfinite(v) and v > 0, "a finite number greater than 0")
+FINITE_NON_NEGATIVE = Check(lambda v: math.isfinite(v) and v >= 0, "a finite number at least 0")
+UNIT_INTERVAL = Check(lambda v: 0 < v <= 1, "in (0, 1]")
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch and random take any of these
+SEED = Check(lambda v: 0 <= v <= MAX_SEED, f"between 0 and {MAX_SEED}")
 
 
 @dataclass
 class LoraConfig:
     enabled: bool = doc(True, "train a LoRA adapter; false trains all weights")
-    rank: int = doc(16, "LoRA rank r")
-    alpha: int = doc(32, "LoRA alpha (scaling = alpha / rank)")
-    dropout: float = doc(0.0, "dropout on the LoRA input")
+    rank: int = doc(16, "LoRA rank r (at most the model's hidden size)", at_least(1))
+    alpha: int = doc(32, "LoRA alpha (scaling = alpha / rank)", greater_than(0))
+    dropout: float = doc(0.0, "dropout on the LoRA input", Check(lambda v: 0 <= v < 1, "in [0, 1)"))
     target_modules: list[str] = doc(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "module names that get an adapter",
+        Check(bool, "a non-empty list of module names"),
     )
 
 
@@ -51,8 +61,8 @@ class TaskConfig:
     prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
-    train_size: int = doc(2000, "arithmetic: number of training problems")
-    eval_size: int = doc(64, "held-out problems for evaluation")
+    train_size: int = doc(2000, "arithmetic: number of training problems", at_least(1))
+    eval_size: int = doc(64, "held-out problems for evaluation", at_least(1))
     answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
     code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, or the share of tests passed")
 
@@ -64,39 +74,44 @@ class TaskConfig:
 
 @dataclass
 class RewardConfig:
-    correct: float = doc(1.0, "reward of a correct response")
-    wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)")
+    correct: float = doc(1.0, "reward of a correct response", FINITE)
+    wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)", FINITE)
+
+    def validate(self, prefix: str) -> None:
+        require(self.correct > self.wrong, f"{prefix}correct ({self.correct}) must be greater than {prefix}wrong "
+                                           f"({self.wrong}): the reward must favour correct responses")
 
 
 @dataclass
 class RolloutConfig:
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
-    temperature: float = doc(1.0, "sampling temperature")
-    top_p: float = doc(1.0, "nucleus sampling threshold")
-    max_new_tokens: int = doc(64, "response length limit; longer responses are truncated")
-    generation_batch_size: int = doc(32, "sequences per generate call")
+    temperature: float = doc(1.0, "sampling temperature", greater_than(0, "training samples; greedy decoding gives a group no spread"))
+    top_p: float = doc(1.0, "nucleus sampling threshold", UNIT_INTERVAL)
+    max_new_tokens: int = doc(64, "response length limit; longer responses are truncated", at_least(1))
+    generation_batch_size: int = doc(32, "sequences per generate call", at_least(1))
 
 
 @dataclass
 class OptimConfig:
-    lr: float = doc(1e-5, "peak learning rate (paper: 1e-6 for full models)")
-    weight_decay: float = doc(0.1, "AdamW weight decay")
-    betas: list[float] = doc([0.9, 0.999], "AdamW betas")
-    grad_clip: float = doc(1.0, "max gradient norm (0 disables)")
-    warmup_steps: int = doc(10, "linear warm-up, in optimizer steps")
+    lr: float = doc(1e-5, "peak learning rate (paper: 1e-6 for full models)", FINITE_POSITIVE)
+    weight_decay: float = doc(0.1, "AdamW weight decay", FINITE_NON_NEGATIVE)
+    betas: list[float] = doc([0.9, 0.999], "AdamW betas", Check(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"))
+    grad_clip: float = doc(1.0, "max gradient norm (0 disables)", FINITE_NON_NEGATIVE)
+    warmup_steps: int = doc(10, "linear warm-up, in optimizer steps", at_least(0))
     schedule: str = choice("constant", ["constant", "cosine", "linear"], "decay after warm-up")
 
 
 @dataclass
 class TrainConfig:
     steps: int = doc(20, "training steps (rollout batches)", at_least(1))
-    seed: int = doc(0, "seed for data order, sampling and initialization")
+    seed: int = doc(0, "seed for data order, sampling and initialization", SEED)
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
-    mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)")
+    mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)", at_least(0))
     micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
     mixed_precision: str = choice("no", ["no", "bf16", "fp16"], "Accelerate mixed precision")
-    checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end)")
+    checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)", at_least(0))
+    keep_checkpoints: int = doc(3, "complete checkpoints kept, the newest ones (0: all); the newest is never deleted", at_least(0))
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
     runs_root: str = doc("runs", "where new run folders are created")
     tag: str = doc("", "suffix of the run folder name")
@@ -110,9 +125,9 @@ class AlgoConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = doc(0, "run a quick held-out eval every N steps (0: never)")
-    problems: int = doc(32, "held-out problems in the quick eval")
-    temperature: float = doc(0.0, "0: greedy decoding in the quick eval")
+    every: int = doc(0, "run a quick held-out eval every N steps (0: never)", at_least(0))
+    problems: int = doc(32, "held-out problems in the quick eval", at_least(1))
+    temperature: float = doc(0.0, "0: greedy decoding in the quick eval", FINITE_NON_NEGATIVE)
 
 
 @dataclass
@@ -182,9 +197,11 @@ def _coerce(value: Any, tp, key: str):
 
 def build(cls, data: dict | None, prefix: str = ""):
     """Instantiate dataclass `cls` from nested dicts, rejecting unknown keys and wrong types."""
-    data = data or {}
+    if data is None:  # an empty section (`train:` with nothing under it)
+        data = {}
     if not isinstance(data, dict):
-        raise UserError(f"config section '{prefix.rstrip('.') or 'root'}' must be a mapping, got {data!r}")
+        raise UserError(f"config section '{prefix.rstrip('.') or 'root'}' must be a mapping of keys to values, "
+                        f"got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
@@ -231,6 +248,18 @@ def validate(cfg: RunConfig) -> None:
         walk(getattr(cfg, name), name + ".")
     for name, section in cfg.algorithms.items():
         walk(section, name + ".")
+    check_group_size(cfg)
+
+
+def check_group_size(cfg: RunConfig) -> None:
+    """rollout.group_size against what the algorithm (and its base) needs: algorithms that
+    normalise rewards within a group need two responses per group for a baseline."""
+    chosen = ALGORITHMS.get(cfg.algo.name)
+    classes = [chosen, ALGORITHMS.get(cfg.algo.base)] if chosen.composes else [chosen]
+    need = max(cls.min_group_size for cls in classes)
+    size = cfg.rollout.group_size
+    require(size >= need, f"rollout.group_size must be at least {need} for {cfg.algo.name} (it normalises rewards "
+                          f"within each group of responses, and a group of one has no baseline), got {size}")
 
 
 # ---------------------------------------------------------------- files and overrides
@@ -314,4 +343,4 @@ def to_dict(cfg: RunConfig, sections: list[str] | None = None) -> dict:
 
 
 def dump_yaml(cfg: RunConfig, path: Path, sections: list[str] | None = None) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg, sections), sort_keys=False))
+    replace_text(path, yaml.safe_dump(to_dict(cfg, sections), sort_keys=False))  # a kill never leaves half of it

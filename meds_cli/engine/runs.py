@@ -5,25 +5,28 @@ runs/<time>-<algo>-<tag>/
   command.txt        the command line
   provenance.json    git commit, package versions, host
   metrics.jsonl      one JSON object per step
-  checkpoints/step_N/  weights.safetensors (trainable weights), adapter/ (peft, for eval),
-                     optimizer.pt, scheduler.pt, rng_<rank>.pt, algorithm.pt, state.json
+  resumes.jsonl      one row per resume: the step and the settings changed
+  checkpoints/step_N/  see meds_cli/engine/checkpoints.py (all data, no pickles; manifest.json last)
+  .lock              held while a process trains in the folder (meds_cli/engine/run_lock.py)
 A checkpoint is written under a temporary name and renamed, so a kill never leaves half of one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
-from meds_cli.core.errors import UserError
+from meds_cli.core.errors import UserError, os_error
+from meds_cli.core.jsonl import append_rows, read_rows, rewrite_rows
+from meds_cli.engine.checkpoint_store import all_steps, checkpoint_path, checkpoint_problem, require_checkpoint
+from meds_cli.engine.run_lock import LOCK_NAME, RunLock
 
+METRICS_FILE = "metrics.jsonl"
 PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds"]
 
 
@@ -38,11 +41,31 @@ def new_run_dir(root: str, algo: str, tag: str) -> Path:
     return path
 
 
-def claim_run_dir(path: Path) -> Path:
-    """Create the run folder; refuse one that already holds a run (nothing is overwritten)."""
-    if path.exists() and any(path.iterdir()):
+def check_output_path(path: Path) -> None:
+    """Refuse an --output that cannot become a run folder: a file, or a path through a file."""
+    for place in [path, *path.parents]:
+        if place.exists():
+            if place.is_dir():
+                return
+            if place == path:
+                raise UserError(f"--output '{path}' is a file, not a folder; choose another --output")
+            raise UserError(f"--output '{path}' cannot be made: '{place}' is a file, not a folder")
+
+
+def claim_run_dir(path: Path, lock: RunLock | None = None) -> Path:
+    """Create the run folder and take its lock; refuse one that already holds a run (nothing is
+    overwritten) or that another process holds. The lock file itself does not count as content."""
+    check_output_path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if lock is not None:
+            lock.acquire()
+    except OSError as error:
+        raise os_error(error, f"create the run folder '{path}'") from None
+    if any(p.name != LOCK_NAME for p in path.iterdir()):
+        if lock is not None:
+            lock.release()
         raise UserError(f"run folder '{path}' already holds files; continue it with --resume {path} or choose another --output")
-    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -74,77 +97,46 @@ def write_provenance(run_dir: Path, argv: list[str]) -> None:
 
 class MetricsLog:
     """metrics.jsonl, one object per step; on resume, rows after the checkpoint are dropped so
-    that a resumed run's file reads like an uninterrupted one."""
+    that a resumed run's file reads like an uninterrupted one. A last line cut short by a kill is
+    skipped by every reader (meds_cli/core/jsonl.py)."""
 
     def __init__(self, path: Path):
         self.path = path
 
     def append(self, row: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_rows(self.path, [row])
 
     def rows(self) -> list[dict]:
-        if not self.path.is_file():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_rows(self.path)
 
     def truncate_after(self, step: int) -> None:
-        kept = [row for row in self.rows() if row.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        rewrite_rows(self.path, [row for row in self.rows() if row.get("step", 0) <= step])
 
 
-# ---------------------------------------------------------------- checkpoints
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl (what every report reads)."""
+    return MetricsLog(Path(run_dir) / METRICS_FILE).rows()
 
 
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step_{step}"
+# ---------------------------------------------------------------- checkpoints (meds_cli/engine/checkpoint_store.py)
 
 
 def list_checkpoints(run_dir: Path) -> list[int]:
-    folder = Path(run_dir) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    steps = []
-    for child in folder.iterdir():
-        if child.name.startswith("step_") and child.name[5:].isdigit() and (child / "state.json").is_file():
-            steps.append(int(child.name[5:]))
-    return sorted(steps)
+    """Steps of the run's complete checkpoints (names and sizes checked), oldest first."""
+    return [s for s in all_steps(run_dir) if checkpoint_problem(checkpoint_path(run_dir, s), deep=False) is None]
 
 
-def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
-    steps = list_checkpoints(run_dir)
-    if not steps:
-        raise UserError(f"'{run_dir}' has no checkpoint (looked in {Path(run_dir) / 'checkpoints'})")
-    if step is None:
-        return checkpoint_dir(run_dir, steps[-1])
-    if step not in steps:
-        raise UserError(f"'{run_dir}' has no checkpoint at step {step}; available: {', '.join(map(str, steps))}")
-    return checkpoint_dir(run_dir, step)
-
-
-def temporary_checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f".step_{step}.tmp"
-
-
-def begin_checkpoint(run_dir: Path, step: int) -> Path:
-    """A fresh temporary folder to write checkpoint `step` into; publish it with finish_checkpoint."""
-    tmp = temporary_checkpoint_dir(run_dir, step)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def finish_checkpoint(tmp: Path, run_dir: Path, step: int) -> Path:
-    final = checkpoint_dir(run_dir, step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)  # atomic on one filesystem
-    return final
+def find_checkpoint(run_dir: Path, step: int | None = None, say=lambda text: None) -> Path:
+    """Checkpoint `step`, or the newest complete one (newer broken ones passed over with a
+    message through `say`); a UserError when there is none to use."""
+    return require_checkpoint(run_dir, step, say=say)
 
 
 def resolve_run_dir(path: str) -> Path:
     run_dir = Path(path)
+    if not run_dir.is_dir():
+        raise UserError(f"'{path}' is not a run folder (no such folder)")
     if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"'{path}' is not a run folder (no config.yaml in it)")
+        raise UserError(f"'{path}' is not a run folder (no config.yaml in it); a run killed while its model was "
+                        f"loading holds no run yet: start it again with --output {path}")
     return run_dir
