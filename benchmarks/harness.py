@@ -34,6 +34,7 @@ from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
+from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, rewrite_rows
 from meds_cli.core.records import Problem
 
 SAMPLES_FILE = "samples.jsonl"
@@ -105,7 +106,12 @@ def problem_seed(seed: int, benchmark: str, problem_id: str, first_sample: int) 
 
 
 class SampleStore:
-    """samples.jsonl: one row per sample; read on start (resume), appended per problem."""
+    """samples.jsonl: one row per sample; read on start (resume), appended per problem.
+
+    The rows of one request ("a draw": samples first .. first+size-1, drawn from one seed) are
+    appended in one write, so a kill can cut at most the last draw short. Its surviving rows are
+    dropped on reading: the resumed eval draws them again from the same seed and gets the very
+    samples an uninterrupted eval would have drawn."""
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / SAMPLES_FILE
@@ -114,16 +120,12 @@ class SampleStore:
             self._read()
 
     def _read(self) -> None:
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            # A kill in the middle of a write leaves a partial last line: drop it, so the next
-            # append starts on a line of its own.
-            data = data[: data.rfind(b"\n") + 1]
-            self.path.write_bytes(data)
-        for line in data.decode("utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                self.rows.setdefault((row["benchmark"], row["problem_id"]), {}).setdefault(row["sample"], row)
+        rows = drop_cut_off_tail(self.path)  # a partial last line goes, so the next append starts a line
+        whole = whole_draws(rows)
+        if len(whole) < len(rows):
+            rewrite_rows(self.path, whole, ensure_ascii=False)
+        for row in whole:
+            self.rows.setdefault((row["benchmark"], row["problem_id"]), {}).setdefault(row["sample"], row)
 
     def existing(self, benchmark: str, problem_id: str) -> list[dict]:
         """The leading run of samples 0, 1, 2, ... already drawn for a problem."""
@@ -135,11 +137,25 @@ class SampleStore:
         return rows
 
     def append(self, rows: list[dict]) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-            f.flush()
+        append_rows(self.path, rows, ensure_ascii=False)
         for row in rows:
             self.rows.setdefault((row["benchmark"], row["problem_id"]), {}).setdefault(row["sample"], row)
+
+
+def whole_draws(rows: list[dict]) -> list[dict]:
+    """The rows whose draw is complete (rows written before draws were recorded count as whole)."""
+    present: dict[tuple, set[int]] = {}
+    for row in rows:
+        if "draw" in row:
+            present.setdefault((row["benchmark"], row["problem_id"], row["draw"]), set()).add(row["sample"])
+
+    def whole(row: dict) -> bool:
+        if "draw" not in row:
+            return True
+        first, size = row["draw"], row.get("draw_size", 0)
+        return present[(row["benchmark"], row["problem_id"], first)] >= set(range(first, first + size))
+
+    return [row for row in rows if whole(row)]
 
 
 def check_state(folder: Path, settings: EvalSettings) -> None:
@@ -172,6 +188,7 @@ def sample_rows(benchmark: Benchmark, problem: Problem, first: int, generated: G
             zip(generated.texts, generated.lengths, generated.truncated, verdicts)):
         rows.append({
             "benchmark": benchmark.name, "problem_id": problem.id, "sample": first + offset,
+            "draw": first, "draw_size": len(generated.texts),
             "response": text, "extracted": verdict.extracted if benchmark.kind != "code" else None,
             "correct": bool(verdict.correct), "outcome": verdict.outcome, "gold": _gold_text(problem),
             "length": int(length), "truncated": bool(truncated), "time": round(time.time(), 3),

@@ -9,7 +9,9 @@ from typer.testing import CliRunner
 
 from meds_cli.app import app
 from meds_cli.commands.cluster_inspect import inspect_run
+from meds_cli.engine.checkpoint_store import write_manifest
 from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.state_codec import save_state
 from meds_cli.core.errors import UserError
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
@@ -79,6 +81,8 @@ def test_not_a_run_and_not_meds(run_dir, tmp_path):
     assert result.exit_code == 2 and "not a run folder" in result.output
     other = tmp_path / "dapo-run"
     shutil.copytree(run_dir, other)
-    torch.save({}, other / "checkpoints/step_3/algorithm_0.pt")  # what a DAPO run saves
+    folder = other / "checkpoints/step_3"
+    save_state({"base": {}}, folder, "algorithm_0")  # what a DAPO run saves
+    write_manifest(folder, step=3)
     with pytest.raises(UserError, match="not meds"):
         inspect_run(other)

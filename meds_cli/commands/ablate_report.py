@@ -60,7 +60,7 @@ def memory_ari(run_dir: Path) -> float | None:
 
 def variant_result(run_dir: Path, results_file: Path) -> dict:
     """The metrics of one trained and evaluated run."""
-    rows = runs.MetricsLog(run_dir / "metrics.jsonl").rows()
+    rows = runs.metrics_rows(run_dir)
     document = json.loads(results_file.read_text()) if results_file.is_file() else {}
     passk = (document.get("average") or {}).get("pass@k") or {}
     ks = sorted(int(k) for k in passk)

@@ -1,6 +1,6 @@
 """`meds cluster-inspect RUN_DIR`: what the MEDS memory of a run holds, cluster by cluster.
 
-Reads the MEDS memory saved in a checkpoint (checkpoints/step_N/algorithm_<rank>.pt; ranks are
+Reads the MEDS memory saved in a checkpoint (checkpoints/step_N/algorithm_<rank>.json; ranks are
 merged) and, per prompt, refits HDBSCAN with the run's own settings over all its remembered
 responses, wrong and correct together, so that a cluster's share of wrong answers means
 something (training clusters wrong and correct responses apart; the table also shows the
@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from meds_cli.engine import runs
+from meds_cli.engine.checkpoints import refuse_pickled
+from meds_cli.engine.state_codec import load_state
 from meds_cli.core.errors import UserError, nearest
 
 SAMPLES = 2  # sample responses shown per cluster
@@ -27,16 +29,15 @@ TOP_ANSWERS = 3
 
 def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
     """(checkpoint step, {prompt_id: {kind: bank state}}, feature layer numbers) of a MEDS run."""
-    import torch
-
     checkpoint = runs.find_checkpoint(run_dir, step)
-    files = sorted(checkpoint.glob("algorithm_*.pt"))
+    refuse_pickled(checkpoint)
+    files = sorted(checkpoint.glob("algorithm_*.json"))
     if not files:
-        raise UserError(f"checkpoint {checkpoint} has no algorithm state (algorithm_<rank>.pt)")
+        raise UserError(f"checkpoint {checkpoint} has no algorithm state (algorithm_<rank>.json)")
     merged: dict = {}
     layers: list[int] = []
     for path in files:
-        state = torch.load(path, weights_only=False)
+        state = load_state(checkpoint, path.stem)  # data only: nothing in a run folder is unpickled
         if "memory" not in state:
             algo = json.loads((checkpoint / "state.json").read_text()).get("algorithm", "?")
             raise UserError(f"run '{run_dir}' was trained with '{algo}', not meds: it has no MEDS memory to inspect")
@@ -191,7 +192,7 @@ STEP_KEYS = ("meds/eigen_ratio_top1", "meds/clusters_per_prompt")
 
 
 def step_series(run_dir: Path) -> dict[str, list]:
-    rows = runs.MetricsLog(run_dir / "metrics.jsonl").rows()
+    rows = runs.metrics_rows(run_dir)
     return {key: [[r["step"], r[key]] for r in rows if key in r] for key in STEP_KEYS}
 
 

@@ -16,16 +16,17 @@ from meds_cli.engine.eval_backends import ModelSpec, make_backend, resolve_backe
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.harness import EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.engine import runs
+from meds_cli.engine.model import check_dtype
 from meds_cli.core.errors import UserError
 
 
-def model_for_run(run_dir: Path, step: int | None, dtype: str | None) -> ModelSpec:
-    """The run's base model (config.yaml model.name) with its last or chosen checkpoint."""
+def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda text: None) -> ModelSpec:
+    """The run's base model (config.yaml model.name) with its newest complete or chosen checkpoint."""
     from meds_cli.engine.config import load_config
 
     run_dir = runs.resolve_run_dir(str(run_dir))
     cfg = load_config([str(run_dir / "config.yaml")])
-    checkpoint = runs.find_checkpoint(run_dir, step)
+    checkpoint = runs.find_checkpoint(run_dir, step, say=say)
     return ModelSpec(cfg.model.name, checkpoint, dtype or cfg.model.dtype, cfg.model.lora)
 
 
@@ -84,9 +85,14 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     if step is not None and run_dir is None:
         raise UserError("--step picks a checkpoint of a run; it needs a run folder, not --model")
     settings.validate()
+    check_dtype(dtype, "--dtype")
     backend_name = resolve_backend(settings.backend)
     settings.backend = backend_name
-    spec = model_for_run(run_dir, step, dtype) if run_dir is not None else ModelSpec(model, None, dtype)
+
+    def note(text: str) -> None:
+        console.print(f"[yellow]note:[/] {text}")
+
+    spec = model_for_run(run_dir, step, dtype, note) if run_dir is not None else ModelSpec(model, None, dtype)
     settings.model = spec.label
     # Fail on a wrong benchmark name or data dir before spending time on the model.
     t0 = time.perf_counter()

@@ -20,6 +20,7 @@ from meds_cli.core.errors import UserError, is_storage_error, os_error
 from meds_cli.engine import runs
 from meds_cli.engine.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config
+from meds_cli.engine.model import check_lora_rank, precheck_model
 from meds_cli.engine.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
 from meds_cli.engine.run_lock import RunLock
 
@@ -64,6 +65,8 @@ def prepare_run(config_files, overrides, shortcuts, resume: Path | None, step: i
 
 def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, argv=(), quiet=False) -> int:
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
+    # What can be checked of the model without its weights, before the folder is touched.
+    check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
     from accelerate import Accelerator
 
     accelerator = Accelerator(mixed_precision=plan.cfg.train.mixed_precision)

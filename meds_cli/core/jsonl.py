@@ -82,6 +82,8 @@ def append_rows(path: Path, rows: list[dict], *, ensure_ascii: bool = True) -> N
         f.flush()
 
 
-def rewrite_rows(path: Path, rows: list[dict]) -> None:
-    """Replace the file's rows atomically (a kill leaves the old file or the new one, never half)."""
-    replace_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+def rewrite_rows(path: Path, rows: list[dict], *, ensure_ascii: bool = True) -> None:
+    """Replace the file's rows atomically (a kill leaves the old file or the new one, never half).
+    Rows read back from a file written with the same `ensure_ascii` are written byte for byte as
+    they were."""
+    replace_text(path, "".join(json.dumps(row, ensure_ascii=ensure_ascii) + "\n" for row in rows))

@@ -88,11 +88,27 @@ def load_hf_policy(spec: ModelSpec):
     return model, tokenizer
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def checkpoint_adapter(checkpoint: Path) -> Path | None:
+    """The checkpoint's peft adapter folder, or None when it has none. Only safetensors weights
+    are accepted: peft and vLLM would fall back to unpickling adapter_model.bin, and a run
+    folder is data, never code."""
+    adapter = checkpoint / "adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        return None
+    if not (adapter / ADAPTER_WEIGHTS).is_file():
+        raise UserError(f"checkpoint adapter {adapter} has no {ADAPTER_WEIGHTS}; adapters in pickle files are not "
+                        f"loaded, because unpickling a file can run code")
+    return adapter
+
+
 def apply_checkpoint(model, spec: ModelSpec):
     """The base model with the checkpoint's adapter (merged, for speed) or trainable weights."""
     checkpoint = spec.checkpoint
-    adapter = checkpoint / "adapter"
-    if (adapter / "adapter_config.json").is_file():
+    adapter = checkpoint_adapter(checkpoint)
+    if adapter is not None:
         from peft import PeftModel
 
         return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
@@ -163,8 +179,8 @@ class VLLMBackend:
         self.lora_request = None
         kwargs: dict = {}
         if spec.checkpoint is not None:
-            adapter = spec.checkpoint / "adapter"
-            if (adapter / "adapter_config.json").is_file():
+            adapter = checkpoint_adapter(spec.checkpoint)
+            if adapter is not None:
                 from vllm.lora.request import LoRARequest
 
                 rank = json.loads((adapter / "adapter_config.json").read_text()).get("r", 16)

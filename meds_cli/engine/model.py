@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import warnings
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from meds_cli.core.errors import UserError
+from meds_cli.core.errors import UserError, nearest
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
@@ -49,6 +50,17 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a file that does not start like a GGUF model, before a parser sees it."""
+    with path.open("rb") as f:
+        head = f.read(len(GGUF_MAGIC))
+    if head != GGUF_MAGIC:
+        raise UserError(f"--model '{path}' is not a GGUF file (it does not start with the GGUF header)")
+
+
 def dequantized_copy(gguf: Path) -> Path:
     """A safetensors copy of a GGUF model, made once per file (keyed by path, size and mtime)."""
     stat = gguf.stat()
@@ -56,10 +68,15 @@ def dequantized_copy(gguf: Path) -> Path:
     target = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
+    check_gguf(gguf)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as error:  # noqa: BLE001 - any parser failure on a user's file is a bad file
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise UserError(f"--model '{gguf}' could not be read as a GGUF model ({reason})") from None
     # The weights are plain tensors after dequantization; drop the quantizer so save_pretrained accepts them.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -82,14 +99,11 @@ def resolve_model(name: str) -> str:
     """Where to load `name` from: a local directory or a hub id."""
     if name == EMBEDDED:
         return str(dequantized_copy(embedded_gguf()))
+    precheck_model(name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
-        if not path.is_file():
-            raise UserError(f"GGUF file '{name}' does not exist")
         return str(dequantized_copy(path))
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"model directory '{name}' has no config.json")
         return str(path)
     aliases = model_aliases()
     if name in aliases:
@@ -97,6 +111,54 @@ def resolve_model(name: str) -> str:
     if name.startswith((".", "/", "~")):
         raise UserError(f"model path '{name}' does not exist")
     return name
+
+
+def model_config(folder: Path) -> dict:
+    """A model folder's config.json, checked to be what transformers needs to build the model."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise UserError(f"model directory '{folder}' has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise UserError(f"model directory '{folder}' has a config.json that is not valid JSON ({error})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise UserError(f"model directory '{folder}' has a config.json without a model_type; it is not a "
+                        f"transformers model folder")
+    return config
+
+
+def precheck_model(name: str) -> int | None:
+    """Check what can be checked of a --model value without loading weights (a file that is not
+    a GGUF model, a GGUF without its header, a folder without a usable config.json), and return
+    the model's hidden size where its config is at hand (a local folder), else None."""
+    if name in (TINY, EMBEDDED):
+        return None
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise UserError(f"GGUF file '{name}' does not exist")
+        check_gguf(path)
+        return None
+    if path.is_file():
+        raise UserError(f"--model '{name}' is a file but not a GGUF model (.gguf); give a .gguf file, a model "
+                        f"folder with config.json, an alias (see `meds list`) or a hub id")
+    if path.is_dir():
+        width = model_config(path).get("hidden_size")
+        return width if isinstance(width, int) else None
+    return None
+
+
+def check_lora_rank(lora_cfg, width: int | None, model_name: str) -> None:
+    """model.lora.rank within the model's hidden size (a wider adapter has no meaning)."""
+    if lora_cfg.enabled and width is not None and lora_cfg.rank > width:
+        raise UserError(f"model.lora.rank must be at most the hidden size of '{model_name}' ({width}), "
+                        f"got {lora_cfg.rank}")
+
+
+def check_dtype(dtype: str | None, option: str) -> None:
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown {option} '{dtype}'{nearest(dtype, DTYPES)}; accepted: {', '.join(DTYPES)}")
 
 
 def load_tokenizer(source: str):
@@ -111,6 +173,7 @@ def load_tokenizer(source: str):
 
 def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
+    check_dtype(dtype, "model.dtype")
     if name == TINY:
         from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
@@ -125,9 +188,11 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     try:
         tokenizer = load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
-    except OSError as err:
+    except (OSError, ValueError, KeyError) as err:
         if Path(source).is_dir():
-            raise UserError(f"could not load the model in '{source}': {str(err).splitlines()[0]}") from None
+            raise UserError(f"could not load the model in '{source}': {(str(err).splitlines() or [repr(err)])[0]}") from None
+        if not isinstance(err, OSError):
+            raise
         aliased = f" (alias of '{source}')" if source != name else ""
         raise UserError(
             f"could not load model '{name}'{aliased} from the dataset hub or its local cache "
@@ -140,6 +205,8 @@ def apply_lora(model, lora_cfg):
     """Wrap with a peft LoRA adapter, or leave every weight trainable when LoRA is off."""
     if not lora_cfg.enabled:
         return model
+    check_lora_rank(lora_cfg, getattr(getattr(model, "config", None), "hidden_size", None),
+                    getattr(getattr(model, "config", None), "name_or_path", "") or "this model")
     from peft import LoraConfig, get_peft_model
 
     present = {name.split(".")[-1] for name, _ in model.named_modules()}
