@@ -28,7 +28,7 @@ import torch
 from meds_cli.core.errors import UserError, os_error
 from meds_cli.engine.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
                                               temporary_path, write_manifest)
-from meds_cli.engine.state_codec import load_state, save_state
+from meds_cli.engine.state_codec import load_state, read_tensors, save_state
 
 WEIGHTS = "weights.safetensors"
 STATE = "state.json"
@@ -115,19 +115,13 @@ def read_checkpoint_info(path: Path) -> dict:
 def load_checkpoint(trainer, path: Path) -> None:
     """Restore the trainer from a checkpoint folder written by save_checkpoint, then apply the run's
     current optimizer settings (a resume may change the learning rate, schedule or steps)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path)
     refuse_pickled(path)
     state = read_checkpoint_info(path)
     if state["world_size"] != trainer.world:
         raise UserError(f"world size changed: checkpoint {path} was written by {state['world_size']} processes, "
                         f"this run has {trainer.world}; resume it with {state['world_size']}")
-    try:
-        weights = load_file(str(path / WEIGHTS))
-    except (OSError, SafetensorError) as error:
-        raise UserError(f"checkpoint {path}: {WEIGHTS} is not readable ({str(error).splitlines()[0]})") from None
+    weights = read_tensors(path / WEIGHTS)
     optimizer = load_state(path, "optimizer")
     scheduler = load_state(path, "scheduler")
     rng = load_state(path, f"rng_{trainer.rank}")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.generation import Backend, GenerationSettings, Generated, Request
 from meds_cli.core.errors import UserError
+from meds_cli.engine.state_codec import read_tensors
 
 BACKENDS = ("auto", "hf", "vllm")
 
@@ -101,6 +102,7 @@ def checkpoint_adapter(checkpoint: Path) -> Path | None:
     if not (adapter / ADAPTER_WEIGHTS).is_file():
         raise UserError(f"checkpoint adapter {adapter} has no {ADAPTER_WEIGHTS}; adapters in pickle files are not "
                         f"loaded, because unpickling a file can run code")
+    read_tensors(adapter / ADAPTER_WEIGHTS)  # a damaged or foreign file ends here in one line
     return adapter
 
 
@@ -115,9 +117,7 @@ def apply_checkpoint(model, spec: ModelSpec):
     weights_file = checkpoint / "weights.safetensors"
     if not weights_file.is_file():
         raise UserError(f"checkpoint {checkpoint} has neither adapter/ nor weights.safetensors")
-    from safetensors.torch import load_file
-
-    weights = load_file(str(weights_file))
+    weights = read_tensors(weights_file)
     if any(".lora_" in key for key in weights):
         # LoRA weights without the adapter folder: rebuild the adapter the run trained.
         if spec.lora is None:

@@ -274,16 +274,19 @@ def load_state(folder: Path, name: str) -> Any:
     if document.get("version") != VERSION:
         raise BadStateFile(f"{tree_file} has state format version {document.get('version')!r}; "
                            f"this meds reads version {VERSION}")
-    return decode_state(document["tree"], _read_tensors(tensor_file), str(tree_file))
+    return decode_state(document["tree"], read_tensors(tensor_file), str(tree_file))
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file on the CPU; anything else is a BadStateFile (one line)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if not Path(path).is_file():
+        raise BadStateFile(f"{path} is missing")
     try:
         return load_file(str(path), device="cpu")
-    except (SafetensorError, ValueError, RuntimeError, OverflowError) as error:
+    except (SafetensorError, ValueError, RuntimeError, OverflowError, OSError) as error:
         raise BadStateFile(f"{path} is not a valid safetensors file ({_first_line(error)}); it was damaged or "
                            f"replaced, so nothing was loaded from it") from None
 
