@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from benchmarks.harness import SAMPLES_FILE, evaluate, problem_seed, whole_draws
@@ -89,7 +88,6 @@ def data_dir(tmp_path):
 
 
 def test_interrupted_cli_eval_with_the_hf_backend_resumes_to_the_same_samples(tmp_path, data_dir, monkeypatch):
-    torch.set_num_threads(1)
     args = ["eval", "--model", "tiny-llama", "--benchmarks", "math500", "--k", "2", "--n", "3", "--max-new-tokens", "8",
             "--temperature", "1.0", "--top-p", "1.0", "--backend", "hf", "--data-dir", str(data_dir), "-q"]
     runner = CliRunner()

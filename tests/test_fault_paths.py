@@ -32,14 +32,6 @@ TRAIN = ["train", "--model", "tiny-llama", "--task", "copy", "--algo", "grpo", "
          "--set", "model.lora.rank=4", "--set", "optim.lr=0.01", "--set", "optim.warmup_steps=0"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -76,7 +68,7 @@ def same_weights(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """An uninterrupted run of STEPS steps with a checkpoint after every step (all kept)."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # set before the per-test fixture of conftest runs
     run = tmp_path_factory.mktemp("straight") / "run"
     result = invoke(*TRAIN, "--steps", STEPS, "--output", run, "--set", "train.checkpoint_every=1",
                     "--set", "train.keep_checkpoints=0")
