@@ -16,7 +16,7 @@ from meds_cli.engine.eval_backends import ModelSpec, make_backend, resolve_backe
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.harness import EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.engine import runs
-from meds_cli.engine.model import check_dtype
+from meds_cli.engine.model import check_dtype, precheck_model
 from meds_cli.core.errors import UserError
 
 
@@ -93,6 +93,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         console.print(f"[yellow]note:[/] {text}")
 
     spec = model_for_run(run_dir, step, dtype, note) if run_dir is not None else ModelSpec(model, None, dtype)
+    precheck_model(spec.name)  # a bad --model fails here, before an output folder is made
     settings.model = spec.label
     # Fail on a wrong benchmark name or data dir before spending time on the model.
     t0 = time.perf_counter()

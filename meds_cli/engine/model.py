@@ -149,11 +149,11 @@ def precheck_model(name: str) -> int | None:
     return None
 
 
-def check_lora_rank(lora_cfg, width: int | None, model_name: str) -> None:
+def check_lora_rank(lora_cfg, width: int | None, model_name: str = "") -> None:
     """model.lora.rank within the model's hidden size (a wider adapter has no meaning)."""
     if lora_cfg.enabled and width is not None and lora_cfg.rank > width:
-        raise UserError(f"model.lora.rank must be at most the hidden size of '{model_name}' ({width}), "
-                        f"got {lora_cfg.rank}")
+        whose = f"of '{model_name}'" if model_name else "of the model"
+        raise UserError(f"model.lora.rank must be at most the hidden size {whose} ({width}), got {lora_cfg.rank}")
 
 
 def check_dtype(dtype: str | None, option: str) -> None:
@@ -205,8 +205,8 @@ def apply_lora(model, lora_cfg):
     """Wrap with a peft LoRA adapter, or leave every weight trainable when LoRA is off."""
     if not lora_cfg.enabled:
         return model
-    check_lora_rank(lora_cfg, getattr(getattr(model, "config", None), "hidden_size", None),
-                    getattr(getattr(model, "config", None), "name_or_path", "") or "this model")
+    config = getattr(model, "config", None)
+    check_lora_rank(lora_cfg, getattr(config, "hidden_size", None), getattr(config, "name_or_path", ""))
     from peft import LoraConfig, get_peft_model
 
     present = {name.split(".")[-1] for name, _ in model.named_modules()}
