@@ -109,17 +109,18 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
         if main:
             trainer.metrics.truncate_after(0)
         console.print(f"{run_dir} has no checkpoint yet: starting it over from step 0")
-    elif main:
-        runs.write_provenance(run_dir, list(argv))
     if plan.resuming and main:
         if plan.changes:
             console.print(f"changed settings, applied from step {trainer.step}: {describe_changes(plan.changes)}")
         record_resume(run_dir, trainer.step, checkpoint, plan.changes)
     if main:
         # The folder is not part of the snapshot, so `--config config.yaml` repeats the run in a new folder.
+        # Written first: a folder with config.yaml can be resumed, whatever else a kill left out.
         cfg.train.output_dir = ""
         dump_yaml(cfg, run_dir / "config.yaml", sections=trainer.algorithm.config_sections)
         cfg.train.output_dir = str(run_dir)
+        if not plan.resuming:
+            runs.write_provenance(run_dir, list(argv))
     console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  task: {cfg.task.name}")
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
