@@ -23,6 +23,16 @@ class Problem:
     meta: dict = field(default_factory=dict)
 
 
+class ProblemSet(list):
+    """A benchmark's problems as `Benchmark.load` returns them, with `data`: what the loader found
+    in its source (where from, rows skipped and why, the row count against the known one), which
+    the eval report shows beside the scores. A plain list of problems works as well."""
+
+    def __init__(self, problems=(), data: dict | None = None):
+        super().__init__(problems)
+        self.data = data or {}
+
+
 @dataclass
 class Verdict:
     """A graded response. `outcome` is the error class EDAS and the reports use:
