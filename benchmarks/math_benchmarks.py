@@ -162,7 +162,7 @@ def _benchmark_problem(source: _Source, row: Row) -> Problem:
     if not isinstance(row.data, dict):
         raise BadRow("not a JSON object")
     data = row.data
-    row_id = data.get("id", data.get("idx", data.get("unique_id", row.index)))
+    row_id = next((data[k] for k in ("id", "idx", "unique_id") if data.get(k) is not None), row.index)
     meta = {k: data[k] for k in ("subject", "level", "type", "subfield", "unit", "answer_type") if data.get(k)}
     return Problem(f"{source.name}/{row_id}", _question(data), source.answer(data), meta)
 
@@ -174,11 +174,18 @@ def _benchmark_problems(source: _Source, rows: list[Row], skipped: Skipped, expe
     line now, a note in the eval report). `skipped` may hold lines that could not be read."""
     unreadable = skipped.total
     problems = []
+    ids = set()
     for row in rows:
         try:
-            problems.append(_benchmark_problem(source, row))
+            problem = _benchmark_problem(source, row)
         except BadRow as reason:
             skipped.add(str(reason), row.where)
+            continue
+        if problem.id in ids:  # its samples would mix with the first one's in samples.jsonl
+            skipped.add("with a repeated id", row.where)
+            continue
+        ids.add(problem.id)
+        problems.append(problem)
     if not problems:
         raise no_usable_rows(f"benchmark '{source.name}' ({skipped.origin})", skipped,
                              _BENCHMARK_HINT if from_file else "the hub copy is not what this loader reads")

@@ -238,6 +238,15 @@ def test_bad_benchmark_rows_are_skipped_counted_and_never_graded(tmp_path, caplo
     assert len(limited) == 3 and limited.data == problems.data
 
 
+def test_repeated_problem_id_is_skipped(tmp_path):
+    _write_benchmark(tmp_path, "math500", [{"problem": "a", "answer": "1", "unique_id": "x"},
+                                           {"problem": "b", "answer": "2", "unique_id": "x"},
+                                           {"problem": "c", "answer": "3", "unique_id": None}])
+    problems = BENCHMARKS.get("math500").load(tmp_path, None)
+    assert [(p.id, p.answer) for p in problems] == [("math500/x", "1"), ("math500/2", "3")]
+    assert problems.data["skipped"] == {"with a repeated id": 1}
+
+
 def test_benchmark_row_count_is_checked(tmp_path):
     _write_benchmark(tmp_path, "amc23", [{"question": f"q{i}", "answer": float(i)} for i in range(40)])
     exact = BENCHMARKS.get("amc23").load(tmp_path, None)
