@@ -100,8 +100,8 @@ _WRAPPERS = ("\\text", "\\textbf", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed")
 # Thousands separators in their conventional forms: 1{,}234 and 1,\!234 (MATH), and the thin space
 # 1\,234 of SI style when it splits off exactly three digits. All become a plain comma, which the
 # literal forms below accept only in groups of three.
-_THOUSANDS_MARK = re.compile(r"\{,\}|,\\!")
-_THIN_SPACE_GROUP = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
+_THOUSANDS_MARK = re.compile(r"\{,\}\s*|,\\!\s*")
+_THIN_SPACE_GROUP = re.compile(r"(?<=\d)\\,\s*(?=\d{3}(?!\d))")
 # Any other spacing is a space: it may sit around a number, never inside one.
 _SPACE_COMMANDS = re.compile(r"\\[!,;:> ]|~")
 _LAYOUT = re.compile(r"\\left|\\right|\\displaystyle")

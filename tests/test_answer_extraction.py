@@ -103,6 +103,7 @@ def test_number_literal_value_refuses(text):
     ("32{,}349", 32349),        # as MATH writes it
     ("32,\\!349", 32349),       # as MATH writes it too (1,\\!000,\\!000)
     ("1,\\!000,\\!000", 10**6),
+    ("11,\\! 111,\\! 111,\\! 100", 11111111100),  # a MATH500 gold answer
     ("32\\,349", 32349),        # SI style: a thin space splitting off three digits
     ("\\$1,\\!657", 1657),
     ("\\dfrac 3 8", Fraction(3, 8)),  # spaces inside \\frac shorthand are not between two numbers

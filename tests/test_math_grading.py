@@ -203,6 +203,11 @@ SEPARATED = [
     ("32{,}349", "32349", True),
     ("32,\\!349", "32349", True),
     ("32\\,349", "32349", True),
+    # MATH train's answer to "find all solutions to sqrt[4]{x} = 12/(7 - sqrt[4]{x})": two numbers
+    ("81256", "81, 256", False),
+    ("81,256", "81, 256", False),
+    ("81, 256", "81, 256", True),
+    ("256, 81", "81, 256", True),
 ]
 
 
