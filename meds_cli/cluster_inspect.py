@@ -55,7 +55,9 @@ def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
 
 
 def run_settings(run_dir: Path):
-    """The clustering the run trained with (its meds.clusterer and parameters)."""
+    """The clustering the run trained with: its `meds:` section read by the same function that
+    training reads it with (meds_clusterers.cluster_settings: clusterer, parameters, noise and
+    one-mode rules, the random control's shuffle)."""
     from algorithms.meds_clusterers import cluster_settings
     from meds_cli.config import load_config
 
@@ -223,6 +225,8 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
     if prompt is not None and prompt not in memory:
         raise UserError(f"prompt '{prompt}' is not in the memory{nearest(prompt, memory)}; "
                         f"{len(memory)} prompts, e.g. {', '.join(sorted(memory)[:5])}")
+    from algorithms.meds_clusterers import ShuffledLabels
+
     settings = run_settings(run_dir)
     analyses = {pid: analyse_prompt(pid, kinds, settings) for pid, kinds in sorted(memory.items())}
     if prompt is None:  # the most repeated error is the most telling one
@@ -242,7 +246,8 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
     return {
         "run": str(run_dir), "checkpoint_step": checkpoint_step, "layers": layers,
         "settings": {"min_cluster_size": settings.min_cluster_size, "min_samples": settings.min_samples,
-                     "allow_single_cluster": settings.allow_single_cluster},
+                     "allow_single_cluster": settings.allow_single_cluster, "one_mode": settings.one_mode,
+                     "shuffled": isinstance(settings.clusterer, ShuffledLabels)},
         "prompts": [public(a) for a in analyses.values()],
         "ari_answers_mean": float(np.mean(aris)) if aris else None,
         "prompt": {**public(chosen), "clusters_detail": chosen["clusters_detail"]},
