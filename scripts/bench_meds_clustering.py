@@ -58,8 +58,9 @@ def fill_memory(algorithm, rng, prompts: int, entries: int, layers: int, modes: 
         algorithm.memory.put(f"p{p}", "wrong", bank)
 
 
-def time_steps(workers: int, args) -> tuple[list[float], list[torch.Tensor]]:
-    """Seconds of shape_rewards + on_step_end per step, and the cluster sizes of every step."""
+def time_steps(workers: int, args) -> tuple[list[float], list[float], list[torch.Tensor]]:
+    """Wall and CPU seconds (of this process) of shape_rewards + on_step_end per step, and the
+    cluster sizes of every step."""
     from algorithms import build_algorithm
     from algorithms.meds import CLUSTER_SIZE
     from meds_cli.config import load_config
@@ -70,15 +71,16 @@ def time_steps(workers: int, args) -> tuple[list[float], list[torch.Tensor]]:
     rng = np.random.default_rng(args.seed)  # the same data for every worker count
     modes = rng.standard_normal((args.prompts, 3, args.layers)) + 3.0
     fill_memory(algorithm, rng, args.prompts, args.memory, args.layers, modes)
-    seconds, sizes = [], []
+    seconds, cpu, sizes = [], [], []
     for step in range(1, args.steps + 1):
         rollouts = synthetic_step(rng, args.prompts, args.group, args.layers, modes)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         algorithm.shape_rewards(rollouts)
         algorithm.on_step_end(rollouts, step)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         sizes.append(rollouts.extras[CLUSTER_SIZE].clone())
-    return seconds, sizes
+    return seconds, cpu, sizes
 
 
 def main() -> None:
@@ -99,11 +101,15 @@ def main() -> None:
     print(f"{args.prompts} prompts x {args.group} responses, {args.layers} layers, memory {args.memory} "
           f"(bound {args.memory_size}), assign {args.assign}, target {args.target}; "
           f"{os.cpu_count()} CPUs, load average {load:.2f} before the run")
-    serial, serial_sizes = time_steps(1, args)
-    parallel, parallel_sizes = time_steps(args.workers, args)
+    serial, serial_cpu, serial_sizes = time_steps(1, args)
+    parallel, parallel_cpu, parallel_sizes = time_steps(args.workers, args)
     same = all(torch.equal(a, b) for a, b in zip(serial_sizes, parallel_sizes))
-    print(f"serial:              {statistics.mean(serial):6.2f} s/step  (steps: {', '.join(f'{s:.2f}' for s in serial)})")
-    print(f"parallel, {args.workers} workers: {statistics.mean(parallel[1:] or parallel):6.2f} s/step  "
+    # On a busy machine wall time depends on the other load; the serial CPU time is what one
+    # idle core would take, and that divided by the workers is the ideal parallel time.
+    print(f"serial:              {statistics.mean(serial):6.2f} s/step wall, {statistics.mean(serial_cpu):.2f} s CPU "
+          f"(steps: {', '.join(f'{s:.2f}' for s in serial)})")
+    print(f"parallel, {args.workers} workers: {statistics.mean(parallel[1:] or parallel):6.2f} s/step wall, "
+          f"{statistics.mean(parallel_cpu[1:] or parallel_cpu):.2f} s CPU in this process "
           f"(first step, starting the pool: {parallel[0]:.2f} s; steps: {', '.join(f'{s:.2f}' for s in parallel)})")
     print(f"cluster sizes identical: {same}")
     if not same:

@@ -98,6 +98,11 @@ def test_a_lone_mode_keeps_its_outliers_as_noise():
     assert hdbscan_labels(points).tolist() == [NOISE] * 8
     labels = hdbscan_labels(points, one_mode=True)
     assert labels[:6].tolist() == [0] * 6 and labels[6:].tolist() == [NOISE, NOISE]
+    # three different answers: the closest pair (chord 0.33; the third is 1.4 away) is the densest
+    # level of the one mode, a cluster of 2, as HDBSCAN would cluster that pair inside a larger set
+    three = np.array([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [0.0, 0.0, 1.0]])
+    assert hdbscan_labels(three).tolist() == [NOISE] * 3
+    assert hdbscan_labels(three, one_mode=True).tolist() == [0, 0, NOISE]
 
 
 # ---------------------------------------------------------------- knn, as the reference code

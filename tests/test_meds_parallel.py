@@ -7,7 +7,7 @@ import torch
 from algorithms.meds import CLUSTER_SIZE, LABEL
 from algorithms.meds_clusterers import cluster_settings
 from algorithms.meds_memory import ClusterSettings
-from algorithms.meds_parallel import MIN_JOBS, assign_all, labels_all, resolve_workers
+from algorithms.meds_parallel import MAX_AUTO_WORKERS, MIN_JOBS, assign_all, labels_all, resolve_workers
 from tests.conftest import tiny_config
 from tests.test_meds_shaping import batch, meds
 
@@ -32,7 +32,7 @@ def same_assignments(a, b):
 
 
 @pytest.mark.parametrize("overrides", [[], ["meds.assign=knn", "meds.noise=count"], ["meds.features=random"],
-                                       ["meds.clusterer=kmeans"]])
+                                       ["meds.clusterer=dbscan"]])
 def test_parallel_assignments_equal_serial(overrides):
     settings = cluster_settings(tiny_config("algo.name=meds", *overrides).section("meds"))
     work = jobs(24)
@@ -70,7 +70,7 @@ def test_worker_count(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert resolve_workers(0) == 2 and resolve_workers(3) == 3  # cores shared among a node's 8 ranks
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert resolve_workers(0) == 16
+    assert resolve_workers(0) == MAX_AUTO_WORKERS == 8 and resolve_workers(12) == 12
     monkeypatch.setattr("algorithms.meds_parallel.usable_cores", lambda: 1)
     assert resolve_workers(0) == 1
     # a pool is never used for fewer jobs than MIN_JOBS, or one worker
