@@ -95,7 +95,8 @@ def saved_run(folder, algo, cfg, step):
     checkpoint = folder / "checkpoints" / f"step_{step}"
     checkpoint.mkdir(parents=True)
     (checkpoint / "state.json").write_text(json.dumps({"algorithm": "meds", "step": step}))
-    torch.save(algo.state_dict(), checkpoint / "algorithm_0.pt")
+    save_state(algo.state_dict(), checkpoint, "algorithm_0")
+    write_manifest(checkpoint, step=step)
     return folder
 
 
