@@ -109,7 +109,7 @@ def test_loading_mistakes_are_one_line(reward_file, tmp_path):
         load_reward_functions(f"{tmp_path}/missing.py:f")
     with pytest.raises(UserError, match="has no function 'length_bonu'.*did you mean 'length_bonus'"):
         load_reward_functions(f"{reward_file}:length_bonu")
-    with pytest.raises(UserError, match="'THRESHOLD' in .* is not a function \(type int\)"):
+    with pytest.raises(UserError, match=r"'THRESHOLD' in .* is not a function \(type int\)"):
         load_reward_functions(f"{reward_file}:THRESHOLD")
     with pytest.raises(UserError, match="not of the form path/to/file.py:function_name"):
         load_reward_functions(str(reward_file))
