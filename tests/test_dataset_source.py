@@ -1,0 +1,115 @@
+"""The user's own training data: local JSON/JSONL/Parquet files, hub datasets (faked), column mapping, prompt limits."""
+
+import json
+
+import pytest
+
+from benchmarks.registry import Problem
+from meds_cli.engine import dataset_source
+from meds_cli.engine.dataset_source import drop_long_prompts, load_rows, map_columns, read_local, read_rows
+from meds_cli.errors import UserError
+
+ROWS = [{"question": "What is 2 + 2?", "final_answer": "4", "level": 1},
+        {"question": "What is 3 * 3?", "final_answer": "9", "level": 2}]
+
+
+class _Task:
+    """The task fields the loader reads (TaskConfig's names)."""
+
+    def __init__(self, path, subset="", split="train", revision="", columns=None):
+        self.path, self.subset, self.split, self.revision, self.columns = path, subset, split, revision, columns
+
+
+def test_local_json_list_jsonl_and_parquet_read_the_same_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.json").write_text(json.dumps(ROWS))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS) + "\n")
+    (tmp_path / "c.json").write_text("".join(json.dumps(r) + "\n" for r in ROWS))  # JSONL under a .json name
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    for name in ("a.json", "b.jsonl", "c.json", "d.parquet"):
+        assert read_local(tmp_path / name) == ROWS, name
+
+
+def test_bad_local_files_are_one_line(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"question": "x"}\n{"question": \n')
+    with pytest.raises(UserError, match="neither a JSON list nor JSONL \\(line 2"):
+        read_local(tmp_path / "bad.jsonl")
+    (tmp_path / "bare.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="must hold objects"):
+        read_local(tmp_path / "bare.json")
+    (tmp_path / "data.csv").write_text("a,b\n")
+    with pytest.raises(UserError, match="is not .json, .jsonl, .parquet"):
+        read_local(tmp_path / "data.csv")
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    with pytest.raises(UserError, match="not a readable Parquet file"):
+        read_local(tmp_path / "broken.parquet")
+    with pytest.raises(UserError, match="does not exist"):
+        read_rows(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(UserError, match="task.subset and task.revision choose a hub dataset"):
+        read_rows(str(tmp_path / "bad.jsonl"), subset="main")
+    with pytest.raises(UserError, match="task.path is empty"):
+        read_rows("")
+
+
+def test_columns_are_mapped_onto_the_task_fields_and_the_rest_kept(tmp_path):
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    rows = load_rows(_Task(str(tmp_path / "data.jsonl"), columns={"problem": "question", "answer": "final_answer"}))
+    assert rows == [{"level": 1, "problem": "What is 2 + 2?", "answer": "4"},
+                    {"level": 2, "problem": "What is 3 * 3?", "answer": "9"}]
+
+
+def test_column_mistakes_name_the_columns_there_are():
+    with pytest.raises(UserError, match="task.columns.answer is 'answer_text', which is not a column of data.jsonl; "
+                                        "its columns: question, final_answer, level"):
+        map_columns(ROWS, {"answer": "answer_text"}, "data.jsonl")
+    with pytest.raises(UserError, match="task.columns maps 'prompt', which is not a task field; accepted: problem"):
+        map_columns(ROWS, {"prompt": "question"}, "x")
+    with pytest.raises(UserError, match="task.columns.problem must name a column"):
+        map_columns(ROWS, {"problem": 3}, "x")
+
+
+def test_hub_datasets_are_read_with_subset_split_and_revision(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, subset=None, *, split=None, revision=None):
+        calls.append((name, subset, split, revision))
+        return ROWS
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    rows = load_rows(_Task("someone/math-set", subset="hard", split="test", revision="abc123",
+                           columns={"problem": "question"}))
+    assert calls == [("someone/math-set", "hard", "test", "abc123")]
+    assert [r["problem"] for r in rows] == ["What is 2 + 2?", "What is 3 * 3?"]
+    load_rows(_Task("someone/math-set"))
+    assert calls[-1] == ("someone/math-set", None, "train", None)
+
+
+def test_a_hub_dataset_that_cannot_load_is_one_line(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'someone/math-set' on the Hub (LocalEntryNotFoundError)\nmore")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(UserError) as err:
+        read_rows("someone/math-set", subset="hard", revision="v1")
+    assert "cannot load dataset 'someone/math-set subset hard split train revision v1'" in str(err.value)
+    assert "Couldn't reach" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_long_prompts_are_left_out_and_counted():
+    from meds_cli.tiny import tiny_tokenizer
+
+    problems = [Problem(str(i), "1" * length, "1") for i, length in enumerate([3, 8, 5, 12])]
+    kept, skipped = drop_long_prompts(problems, lambda p: p.question + "=", tiny_tokenizer(), 6)
+    assert [p.id for p in kept] == ["0", "2"] and skipped == 2  # 4 and 6 tokens (one char each) fit
+    assert drop_long_prompts(problems, lambda p: p.question, tiny_tokenizer(), 0) == (problems, 0)
+
+
+def test_local_names_and_hub_names_are_told_apart(tmp_path):
+    assert dataset_source.is_local("data/train.parquet") and dataset_source.is_local("x.jsonl")
+    assert not dataset_source.is_local("openai/gsm8k")
