@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from benchmarks.registry import Problem
+from meds_cli.core.records import Problem
 from meds_cli.engine import dataset_source
 from meds_cli.engine.dataset_source import drop_long_prompts, load_rows, map_columns, read_local, read_rows
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 ROWS = [{"question": "What is 2 + 2?", "final_answer": "4", "level": 1},
         {"question": "What is 3 * 3?", "final_answer": "9", "level": 2}]
@@ -102,7 +102,7 @@ def test_a_hub_dataset_that_cannot_load_is_one_line(monkeypatch):
 
 
 def test_long_prompts_are_left_out_and_counted():
-    from meds_cli.tiny import tiny_tokenizer
+    from meds_cli.engine.tiny import tiny_tokenizer
 
     problems = [Problem(str(i), "1" * length, "1") for i, length in enumerate([3, 8, 5, 12])]
     kept, skipped = drop_long_prompts(problems, lambda p: p.question + "=", tiny_tokenizer(), 6)

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from meds_cli.config import dump_yaml
+from meds_cli.engine.config import dump_yaml
 from meds_cli.engine import export as export_module
 from meds_cli.engine.export import check_repo_id, export_run, push_to_hub
-from meds_cli.errors import UserError
-from meds_cli.trainer import Trainer
+from meds_cli.core.errors import UserError
+from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
 # A large learning rate, so two steps move the weights far from the base (and a missed adapter shows).
@@ -51,7 +51,7 @@ def lora_run(tmp_path_factory):
 
 
 def _base_logits(tokenizer):
-    from meds_cli.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
     return _logits(tiny_model_and_tokenizer()[0], tokenizer)
 
@@ -111,7 +111,7 @@ def test_the_model_card_carries_algorithm_config_and_evals(lora_run, tmp_path):
 
 
 def test_the_tokenizer_keeps_its_chat_template(lora_run, tmp_path, monkeypatch):
-    import meds_cli.tiny as tiny
+    import meds_cli.engine.tiny as tiny
 
     template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
     plain = tiny.tiny_tokenizer
@@ -187,7 +187,7 @@ def test_push_to_hub_failures_are_one_line(tmp_path, monkeypatch):
 
 def test_the_base_is_named_by_hub_id_or_own_folder(tmp_path):
     from meds_cli.engine.export import describe_base
-    from meds_cli.model import model_aliases
+    from meds_cli.engine.model import model_aliases
 
     alias, hub_id = next(iter(model_aliases().items()))
     assert describe_base(alias) == (hub_id, None)

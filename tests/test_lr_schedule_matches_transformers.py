@@ -4,7 +4,7 @@ warm-up, one step ahead during it (meds' first update is never at learning rate 
 import pytest
 import torch
 
-from meds_cli.trainer import lr_lambda
+from meds_cli.engine.trainer import lr_lambda
 
 WARMUP, TOTAL = 4, 12
 TRANSFORMERS_NAME = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}

@@ -4,9 +4,9 @@ import json
 
 import torch
 
-from benchmarks.registry import Problem, Verdict
+from meds_cli.core.records import Problem, Verdict
 from meds_cli.engine.samples_log import sample_rows, samples_path, should_log_samples, write_samples
-from meds_cli.rollout import Rollouts
+from meds_cli.core.rollouts import Rollouts
 
 
 def _rollouts(advantages):

@@ -7,7 +7,7 @@ import yaml
 
 from meds_cli.engine import trackers
 from meds_cli.engine.trackers import RunTracker, accelerator_kwargs, flat_hyperparameters, numeric_values, parse_report_to
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                                        reason="needs the tensorboard package (test extra)")

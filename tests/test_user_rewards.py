@@ -5,10 +5,10 @@ import textwrap
 import pytest
 import torch
 
-from benchmarks.registry import Problem
+from meds_cli.core.records import Problem
 from meds_cli.engine.user_rewards import (add_channels, load_reward_functions, parse_spec, row_fields,
                                           user_reward_channels)
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 REWARDS = '''
 def length_bonus(prompts, completions, **kwargs):

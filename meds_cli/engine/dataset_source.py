@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 LOCAL_FORMATS = (".json", ".jsonl", ".parquet")
 # What task.columns may map: the task's field -> what it holds.
@@ -63,7 +63,7 @@ def read_hub(name: str, subset: str = "", split: str = "train", revision: str = 
     """Rows of one split of a hub dataset (or its local cache); offline and unknown names end in one line."""
     import datasets
 
-    from meds_cli.hub import offline_unless_reachable
+    from meds_cli.core.hub import offline_unless_reachable
 
     offline_unless_reachable()  # fail at once rather than after a minute of retries
     try:

@@ -23,11 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli import runs
+from meds_cli.engine import runs
 from meds_cli.engine.model_card import CardInfo, model_card, read_evals
-from meds_cli.errors import UserError
-from meds_cli.hub import hub_reachable
-from meds_cli.model import EMBEDDED, TINY, apply_lora, load_model_and_tokenizer, resolve_model
+from meds_cli.core.errors import UserError
+from meds_cli.core.hub import hub_reachable
+from meds_cli.engine.model import EMBEDDED, TINY, apply_lora, load_model_and_tokenizer, resolve_model
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -115,7 +115,7 @@ def _name_base(folder: Path, base: str) -> None:
 
 def export_run(run_dir, output, *, step: int | None = None, merge: bool = False) -> ExportResult:
     """Write the export of RUN's checkpoint (the last, or `step`) into `output`, which must be new or empty."""
-    from meds_cli.config import load_config, to_dict
+    from meds_cli.engine.config import load_config, to_dict
 
     run_dir = runs.resolve_run_dir(str(run_dir))
     output = Path(output)

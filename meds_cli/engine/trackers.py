@@ -16,7 +16,7 @@ import importlib.util
 import numbers
 from pathlib import Path
 
-from meds_cli.errors import UserError, nearest
+from meds_cli.core.errors import UserError, nearest
 
 # tracker name -> (module it needs, pip package to install)
 TRACKERS = {

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from meds_cli.errors import UserError, nearest
+from meds_cli.core.errors import UserError, nearest
 
 
 @dataclass(frozen=True)
