@@ -187,41 +187,20 @@ def _training_problems(rows, origin: str) -> list[Problem]:
 
 
 def load_math_file(path: str | Path) -> list[Problem]:
-    """Problems from a JSON list or JSONL file of {problem, answer} rows (e.g. the MATH train
-    split of rllm, math_train_rllm/math.json), for the math training task."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"math data file {path} not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [
-            json.loads(line) for line in text.splitlines() if line.strip()
-        ]
-    except json.JSONDecodeError as error:
-        raise UserError(f"math data file {path} is neither a JSON list nor JSONL: {error}") from None
-    return _training_problems(rows, str(path))
+    """Problems from a JSON list, JSONL or Parquet file of {problem, answer} rows (e.g. the MATH
+    train split of rllm, math_train_rllm/math.json), for the math training task."""
+    from benchmarks.dataset_source import read_local
+
+    return _training_problems(read_local(path), str(path))
 
 
-def load_math_source(source: str | Path) -> list[Problem]:
-    """Training problems from a JSON/JSONL file or, when `source` is not a file name, from the
-    'train' split of the hub dataset of that name (rows with problem/question and answer/solution)."""
+def load_math_source(source: str | Path, subset: str = "", split: str = "train", revision: str = "",
+                     columns: dict | None = None) -> list[Problem]:
+    """Training problems from a local file or, when `source` is not a file name, from a split of
+    the hub dataset of that name (rows with problem/question and answer/solution, or the columns
+    `columns` maps onto them)."""
+    from benchmarks.dataset_source import map_columns, read_rows
+
     source = str(source).strip()
-    if not source:
-        raise UserError("task.path is empty: give a JSON/JSONL file of {problem, answer} rows or a hub dataset name")
-    path = Path(source)
-    if path.is_file() or path.suffix in (".json", ".jsonl"):
-        return load_math_file(path)
-    import datasets
-
-    from meds_cli.core.hub import offline_unless_reachable
-
-    offline_unless_reachable()  # fail at once rather than after a minute of retries
-
-    try:
-        rows = datasets.load_dataset(source, split="train")
-    except Exception as error:
-        raise UserError(
-            f"cannot load math dataset '{source}' from the dataset hub ({type(error).__name__}); "
-            "give a local JSON/JSONL file instead"
-        ) from None
-    return _training_problems([dict(row) for row in rows], source)
+    rows = map_columns(read_rows(source, subset, split, revision), columns, source)
+    return _training_problems(rows, source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 
 from meds_cli import __version__
+from meds_cli.commands.export import export_command
 from meds_cli.core.errors import UserError
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
@@ -165,6 +167,22 @@ def ablate(
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+
+
+def _one_line_errors(command):
+    """A command whose UserError ends as one red line and exit code 2 (same signature for Typer)."""
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as e:
+            fail(str(e))
+
+    return run_command
+
+
+app.command("export")(_one_line_errors(export_command))
 
 
 def run():  # pragma: no cover - console entry for `python -m meds_cli`

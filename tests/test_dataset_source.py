@@ -5,19 +5,13 @@ import json
 import pytest
 
 from meds_cli.core.records import Problem
-from meds_cli.engine import dataset_source
-from meds_cli.engine.dataset_source import drop_long_prompts, load_rows, map_columns, read_local, read_rows
+from benchmarks import dataset_source
+from benchmarks.dataset_source import drop_long_prompts, map_columns, read_local, read_rows
+from benchmarks.math_benchmarks import load_math_source
 from meds_cli.core.errors import UserError
 
 ROWS = [{"question": "What is 2 + 2?", "final_answer": "4", "level": 1},
         {"question": "What is 3 * 3?", "final_answer": "9", "level": 2}]
-
-
-class _Task:
-    """The task fields the loader reads (TaskConfig's names)."""
-
-    def __init__(self, path, subset="", split="train", revision="", columns=None):
-        self.path, self.subset, self.split, self.revision, self.columns = path, subset, split, revision, columns
 
 
 def test_local_json_list_jsonl_and_parquet_read_the_same_rows(tmp_path):
@@ -45,7 +39,7 @@ def test_bad_local_files_are_one_line(tmp_path):
     (tmp_path / "broken.parquet").write_text("not parquet")
     with pytest.raises(UserError, match="not a readable Parquet file"):
         read_local(tmp_path / "broken.parquet")
-    with pytest.raises(UserError, match="does not exist"):
+    with pytest.raises(UserError, match="not found"):
         read_rows(str(tmp_path / "missing.jsonl"))
     with pytest.raises(UserError, match="task.subset and task.revision choose a hub dataset"):
         read_rows(str(tmp_path / "bad.jsonl"), subset="main")
@@ -54,10 +48,12 @@ def test_bad_local_files_are_one_line(tmp_path):
 
 
 def test_columns_are_mapped_onto_the_task_fields_and_the_rest_kept(tmp_path):
+    assert map_columns(ROWS, {"problem": "question", "answer": "final_answer"}, "x") == [
+        {"level": 1, "problem": "What is 2 + 2?", "answer": "4"}, {"level": 2, "problem": "What is 3 * 3?", "answer": "9"}]
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    rows = load_rows(_Task(str(tmp_path / "data.jsonl"), columns={"problem": "question", "answer": "final_answer"}))
-    assert rows == [{"level": 1, "problem": "What is 2 + 2?", "answer": "4"},
-                    {"level": 2, "problem": "What is 3 * 3?", "answer": "9"}]
+    problems = load_math_source(str(tmp_path / "data.jsonl"), columns={"problem": "question", "answer": "final_answer"})
+    assert [(p.question, p.answer, p.meta) for p in problems] == [("What is 2 + 2?", "4", {"level": 1}),
+                                                                 ("What is 3 * 3?", "9", {"level": 2})]
 
 
 def test_column_mistakes_name_the_columns_there_are():
@@ -80,11 +76,11 @@ def test_hub_datasets_are_read_with_subset_split_and_revision(monkeypatch):
         return ROWS
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    rows = load_rows(_Task("someone/math-set", subset="hard", split="test", revision="abc123",
-                           columns={"problem": "question"}))
+    problems = load_math_source("someone/math-set", "hard", "test", "abc123",
+                                {"problem": "question", "answer": "final_answer"})
     assert calls == [("someone/math-set", "hard", "test", "abc123")]
-    assert [r["problem"] for r in rows] == ["What is 2 + 2?", "What is 3 * 3?"]
-    load_rows(_Task("someone/math-set"))
+    assert [(p.question, p.answer) for p in problems] == [("What is 2 + 2?", "4"), ("What is 3 * 3?", "9")]
+    read_rows("someone/math-set")
     assert calls[-1] == ("someone/math-set", None, "train", None)
 
 

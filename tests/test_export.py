@@ -209,3 +209,26 @@ def test_an_adapter_card_names_its_hub_base_and_tells_vllm_users_what_to_do():
     assert "LoRARequest" in card and "--merge" in card
     assert "alpha: 0.1" in card and "clip_high: 0.28" in card
     assert "No evaluation in the run folder yet" in card and "| reward | 0.5 |" in card
+
+
+def test_the_export_command(lora_run, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from meds_cli.app import app
+
+    run_dir = str(lora_run[0])
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", run_dir, "--output", str(tmp_path / "m"), "--merge"])
+    assert result.exit_code == 0, result.output
+    assert "exported step 2" in result.output and (tmp_path / "m" / "config.json").is_file()
+
+    def one_line(args, expected):
+        result = runner.invoke(app, args)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and expected in lines[0], result.output
+
+    one_line(["export", run_dir, "-o", str(tmp_path / "m")], "is not empty")
+    monkeypatch.setattr(export_module, "hub_reachable", lambda: False)
+    one_line(["export", run_dir, "-o", str(tmp_path / "p"), "--push-to-hub", "me/model"], "the hub cannot be reached")
+    one_line(["export", run_dir, "-o", str(tmp_path / "p"), "--push-to-hub", "me/a model"], "is not a repository id")
+    assert not (tmp_path / "p").exists()  # nothing exported when the push cannot happen

@@ -45,7 +45,9 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
 
     from meds_cli.engine.trainer import Trainer
 
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    from meds_cli.engine.trackers import accelerator_kwargs
+
+    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision, **accelerator_kwargs(cfg.train.report_to, run_dir))
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     created = checkpoint is None and not run_dir.exists()

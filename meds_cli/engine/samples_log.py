@@ -103,3 +103,11 @@ def write_samples(run_dir: Path, step: int, rows: list[dict]) -> Path:
 
 def should_log_samples(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
+
+
+def record_samples(run_dir: Path, step: int, rollouts, groups: int, tracker=None) -> Path:
+    """The samples of a step to RUN/samples/step_N.jsonl and, as a table, to `tracker` (RunTracker)."""
+    rows = sample_rows(rollouts, step, groups)
+    if tracker is not None:
+        tracker.log_table("samples", rows, step)
+    return write_samples(run_dir, step, rows)

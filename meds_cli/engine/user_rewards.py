@@ -70,16 +70,29 @@ def _import_file(path: Path):
     return module
 
 
-def load_reward_functions(functions, weights=None) -> list[RewardFunction]:
-    """The functions of `reward.functions` with their `reward.function_weights`; every mistake in
-    the names, files or weights is one line."""
+def planned_channels(functions, weights=None) -> list[tuple[str, str, float]]:
+    """(channel name, spec, weight) of each entry of `reward.functions`, without importing anything:
+    the channel is the function's name, made unique (f, f_2, ...) when two files share one."""
     specs = [str(s) for s in as_list(functions)]
     weights = [float(w) for w in as_list(weights)] or [1.0] * len(specs)
     if len(weights) != len(specs):
         raise UserError(f"reward.function_weights has {len(weights)} weights for {len(specs)} reward.functions; "
                         "give one weight per function (or none for weight 1 each)")
-    loaded: list[RewardFunction] = []
+    planned: list[tuple[str, str, float]] = []
     for spec, weight in zip(specs, weights):
+        _, name = parse_spec(spec)
+        channel, suffix = name, 2
+        while channel in {c for c, _, _ in planned}:
+            channel, suffix = f"{name}_{suffix}", suffix + 1
+        planned.append((channel, spec, weight))
+    return planned
+
+
+def load_reward_functions(functions, weights=None) -> list[RewardFunction]:
+    """The functions of `reward.functions` with their `reward.function_weights`; every mistake in
+    the names, files or weights is one line."""
+    loaded: list[RewardFunction] = []
+    for channel, spec, weight in planned_channels(functions, weights):
         path, name = parse_spec(spec)
         if not path.is_file():
             raise UserError(f"reward.functions: file '{path}' (from '{spec}') does not exist")
@@ -92,11 +105,6 @@ def load_reward_functions(functions, weights=None) -> list[RewardFunction]:
                             f"its functions: {', '.join(found) or 'none'}")
         if not callable(fn):
             raise UserError(f"reward.functions: '{name}' in '{path}' is not a function (type {type(fn).__name__})")
-        channel = name
-        taken = {f.channel for f in loaded}
-        suffix = 2
-        while channel in taken:  # the same name in two files: f, f_2, ...
-            channel, suffix = f"{name}_{suffix}", suffix + 1
         loaded.append(RewardFunction(channel, spec, fn, weight))
     return loaded
 

@@ -31,7 +31,7 @@ def read_local(path: str | Path) -> list[dict]:
     """Rows of a JSON list, a JSONL file (also under a .json name) or a Parquet file."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserError(f"data file '{path}' does not exist")
+        raise UserError(f"data file '{path}' not found")
     if path.suffix not in LOCAL_FORMATS:
         raise UserError(f"data file '{path}' is not {', '.join(LOCAL_FORMATS)}; convert it, or give a hub dataset name")
     if path.suffix == ".parquet":
@@ -88,16 +88,23 @@ def read_rows(path: str, subset: str = "", split: str = "train", revision: str =
     return read_hub(path, subset, split, revision)
 
 
+def check_columns(columns, key: str = "task.columns") -> None:
+    """task.columns maps task fields to column names; anything else is one line."""
+    if not isinstance(columns, dict):
+        raise UserError(f"{key} must map task fields to dataset columns, e.g. {{problem: question}}; got {columns!r}")
+    for field, column in columns.items():
+        if field not in FIELDS:
+            raise UserError(f"{key} maps '{field}', which is not a task field; accepted: "
+                            + ", ".join(f"{k} ({v})" for k, v in FIELDS.items()))
+        if not isinstance(column, str) or not column:
+            raise UserError(f"{key}.{field} must name a column of the dataset, got {column!r}")
+
+
 def map_columns(rows: list[dict], columns: dict | None, origin: str) -> list[dict]:
     """Rows with `columns` (task field -> dataset column) applied: the dataset's column is read
     under the task's name; the other columns stay as they are."""
     columns = dict(columns or {})
-    for field, column in columns.items():
-        if field not in FIELDS:
-            raise UserError(f"task.columns maps '{field}', which is not a task field; accepted: "
-                            + ", ".join(f"{k} ({v})" for k, v in FIELDS.items()))
-        if not isinstance(column, str) or not column:
-            raise UserError(f"task.columns.{field} must name a column of the dataset, got {column!r}")
+    check_columns(columns)
     if not columns or not rows:
         return rows
     present = list(dict.fromkeys(k for row in rows[:100] for k in row))
@@ -112,12 +119,6 @@ def map_columns(rows: list[dict], columns: dict | None, origin: str) -> list[dic
         new.update({field: row.get(column) for field, column in columns.items()})
         mapped.append(new)
     return mapped
-
-
-def load_rows(task) -> list[dict]:
-    """The rows of `task` (a TaskConfig): task.path with subset/split/revision, columns mapped."""
-    rows = read_rows(task.path, task.subset, task.split, task.revision)
-    return map_columns(rows, task.columns, task.path)
 
 
 def drop_long_prompts(problems: Sequence, prompt_of: Callable, tokenizer, max_tokens: int) -> tuple[list, int]:
