@@ -72,7 +72,7 @@ def eval_cmd(
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (like shared/data); default: the dataset hub.")] = None,
-    prompt: Annotated[str, typer.Option(help="Prompt template: boxed (Qwen-Math, plain text) or chat (the model's chat template).")] = "boxed",
+    prompt: Annotated[str, typer.Option(help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed (Qwen-Math, plain text) or chat.")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
     max_new_tokens: Annotated[int, typer.Option(help="Response length limit in tokens.")] = 4096,
@@ -114,7 +114,7 @@ def list_cmd():
 
 @app.command("cluster-inspect")
 def cluster_inspect_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder of a MEDS run.")],
+    run_dir: Annotated[Optional[Path], typer.Argument(help="A run folder of a MEDS run (default: the newest run under runs/).")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step to read (default: the latest).")] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Prompt id to detail (default: the one with the largest wrong cluster).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -124,6 +124,11 @@ def cluster_inspect_cmd(
     from meds_cli.commands.cluster_inspect import cluster_inspect
 
     try:
+        if run_dir is None:
+            from meds_cli.engine.runs import newest_run
+
+            run_dir = newest_run("runs")
+            err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
         cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
     except UserError as e:
         fail(str(e))
@@ -147,7 +152,8 @@ def ablate(
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
     temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and estimate the time from a one-step probe.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and stop.")] = False,
+    estimate: Annotated[bool, typer.Option("--estimate", help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
@@ -158,7 +164,7 @@ def ablate(
         plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                          layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
         if dry_run:
-            show_plan(plan, err)
+            show_plan(plan, err, probe=estimate)
             return
         options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
                               data_dir=str(data_dir) if data_dir else None, temperature=temperature)

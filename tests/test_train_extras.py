@@ -158,3 +158,18 @@ def test_prompts_longer_than_the_limit_are_left_out_with_a_count(tmp_path):
     assert sorted({p.question for p in task.train}) == sorted(q for q in questions if len(q) <= 8)
     with pytest.raises(Exception, match="task.max_prompt_tokens=5 leaves none of the 40 training problems"):
         task.drop_long_prompts(tiny_tokenizer(), 5)
+
+
+def test_the_readme_reward_function_loads_and_scores(tmp_path):
+    import re
+    from pathlib import Path
+
+    from meds_cli.core.records import Problem
+    from meds_cli.engine.user_rewards import load_reward_functions, user_reward_channels
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"```python\n# rewards.py\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "rewards.py").write_text(code)
+    functions = load_reward_functions(f"{tmp_path / 'rewards.py'}:brevity")
+    channels = user_reward_channels(functions, ["q", "q"], ["", "x" * 200], [Problem("p", "q", "1")] * 2)
+    assert channels["brevity"].tolist() == [1.0, 0.5]
