@@ -3,16 +3,17 @@ JSON / JSONL / Parquet file, with the dataset's column names mapped onto the tas
 
 `task.columns: {problem: question, answer: final_answer}` reads the problem text from the column
 `question` and the gold answer from `final_answer`; columns not named keep their names and travel
-with the problem (reward functions receive them). `task.max_prompt_tokens` leaves out problems
-whose finished prompt is longer, and says how many.
+with the problem (reward functions receive them). JSON and JSONL files are read by
+benchmarks/data_files (bad lines skipped and counted); Parquet files and hub datasets here.
+`task.max_prompt_tokens` leaves out problems whose finished prompt is longer, and says how many.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
+from benchmarks.data_files import Row, Skipped, read_rows
 from meds_cli.core.errors import UserError
 
 LOCAL_FORMATS = (".json", ".jsonl", ".parquet")
@@ -24,42 +25,29 @@ FIELDS = {"problem": "the problem text", "answer": "the gold answer", "solution"
 def is_local(path: str) -> bool:
     """A local file (it exists, or its name ends like one), as opposed to a hub dataset name."""
     candidate = Path(path).expanduser()
-    return candidate.is_file() or candidate.suffix in LOCAL_FORMATS
+    return candidate.exists() or candidate.suffix in LOCAL_FORMATS
 
 
-def read_local(path: str | Path) -> list[dict]:
-    """Rows of a JSON list, a JSONL file (also under a .json name) or a Parquet file."""
-    path = Path(path).expanduser()
+def read_parquet(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq
+
     if not path.is_file():
-        raise UserError(f"data file '{path}' not found")
-    if path.suffix not in LOCAL_FORMATS:
-        raise UserError(f"data file '{path}' is not {', '.join(LOCAL_FORMATS)}; convert it, or give a hub dataset name")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as error:  # pyarrow's errors have many types; all mean an unreadable file
-            raise UserError(f"data file '{path}' is not a readable Parquet file: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        rows = _parse_json(text, path)
-    else:
-        rows = [_parse_json(line, path, number - 1) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not all(isinstance(row, dict) for row in rows):
-        raise UserError(f"data file '{path}' must hold objects (one per problem), not bare values")
-    return rows
-
-
-def _parse_json(text: str, path: Path, lines_before: int = 0):
+        raise UserError(f"data file {path} not found")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        line = lines_before + error.lineno
-        raise UserError(f"data file '{path}' is neither a JSON list nor JSONL (line {line}: {error.msg})") from None
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow's errors have many types; all mean an unreadable file
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"data file {path} is not a readable Parquet file: {detail}") from None
+    return [Row(i, f"row {i}", row) for i, row in enumerate(table.to_pylist())]
 
 
-def read_hub(name: str, subset: str = "", split: str = "train", revision: str = "") -> list[dict]:
+def read_local(path: str | Path, skipped: Skipped) -> list[Row]:
+    """Rows of a Parquet file, or of a JSON list / JSONL file (bad lines counted in `skipped`)."""
+    path = Path(path).expanduser()
+    return read_parquet(path) if path.suffix == ".parquet" else read_rows(path, skipped)
+
+
+def read_hub(name: str, subset: str = "", split: str = "train", revision: str = "") -> list[Row]:
     """Rows of one split of a hub dataset (or its local cache); offline and unknown names end in one line."""
     import datasets
 
@@ -73,10 +61,10 @@ def read_hub(name: str, subset: str = "", split: str = "train", revision: str = 
         where = name + (f" subset {subset}" if subset else "") + f" split {split or 'train'}" + (f" revision {revision}" if revision else "")
         raise UserError(f"cannot load dataset '{where}' from the dataset hub or its cache ({detail}); "
                         "give a local JSON/JSONL/Parquet file as task.path instead") from None
-    return [dict(row) for row in data]
+    return [Row(i, f"row {i}", dict(row)) for i, row in enumerate(data)]
 
 
-def read_rows(path: str, subset: str = "", split: str = "train", revision: str = "") -> list[dict]:
+def read_source(path: str, skipped: Skipped, subset: str = "", split: str = "train", revision: str = "") -> list[Row]:
     """Rows from `path`: a local file, or else a hub dataset name."""
     path = str(path).strip()
     if not path:
@@ -84,7 +72,7 @@ def read_rows(path: str, subset: str = "", split: str = "train", revision: str =
     if is_local(path):
         if subset or revision:
             raise UserError(f"task.subset and task.revision choose a hub dataset's version; '{path}' is a local file")
-        return read_local(path)
+        return read_local(path, skipped)
     return read_hub(path, subset, split, revision)
 
 
@@ -100,14 +88,15 @@ def check_columns(columns, key: str = "task.columns") -> None:
             raise UserError(f"{key}.{field} must name a column of the dataset, got {column!r}")
 
 
-def map_columns(rows: list[dict], columns: dict | None, origin: str) -> list[dict]:
+def map_columns(rows: list[Row], columns: dict | None, origin: str) -> list[Row]:
     """Rows with `columns` (task field -> dataset column) applied: the dataset's column is read
-    under the task's name; the other columns stay as they are."""
+    under the task's name; the other columns stay as they are (rows that are not objects too,
+    for the loader to count as bad)."""
     columns = dict(columns or {})
     check_columns(columns)
     if not columns or not rows:
         return rows
-    present = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    present = list(dict.fromkeys(k for row in rows[:100] if isinstance(row.data, dict) for k in row.data))
     for field, column in columns.items():
         if column not in present:
             raise UserError(f"task.columns.{field} is '{column}', which is not a column of {origin}; "
@@ -115,9 +104,11 @@ def map_columns(rows: list[dict], columns: dict | None, origin: str) -> list[dic
     sources = set(columns.values())
     mapped = []
     for row in rows:
-        new = {k: v for k, v in row.items() if k not in sources and k not in columns}
-        new.update({field: row.get(column) for field, column in columns.items()})
-        mapped.append(new)
+        if isinstance(row.data, dict):
+            data = {k: v for k, v in row.data.items() if k not in sources and k not in columns}
+            data.update({field: row.data.get(column) for field, column in columns.items()})
+            row = Row(row.index, row.where, data)
+        mapped.append(row)
     return mapped
 
 
