@@ -88,14 +88,16 @@ def load_hf_policy(spec: ModelSpec):
     return model, tokenizer
 
 
-def apply_checkpoint(model, spec: ModelSpec):
-    """The base model with the checkpoint's adapter (merged, for speed) or trainable weights."""
+def apply_checkpoint(model, spec: ModelSpec, merge: bool = True):
+    """The base model with the checkpoint's adapter (merged, for speed; `merge=False` keeps the
+    peft model, for `meds export`) or trainable weights."""
     checkpoint = spec.checkpoint
     adapter = checkpoint / "adapter"
     if (adapter / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        model = PeftModel.from_pretrained(model, str(adapter))
+        return model.merge_and_unload() if merge else model
     weights_file = checkpoint / "weights.safetensors"
     if not weights_file.is_file():
         raise UserError(f"checkpoint {checkpoint} has neither adapter/ nor weights.safetensors")
@@ -113,7 +115,7 @@ def apply_checkpoint(model, spec: ModelSpec):
     if result.unexpected_keys:
         raise UserError(f"checkpoint {checkpoint} does not match model '{spec.name}' "
                         f"(unexpected weights such as {result.unexpected_keys[0]})")
-    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    return model.merge_and_unload() if merge and hasattr(model, "merge_and_unload") else model
 
 
 class HFBackend:

@@ -1,8 +1,8 @@
 """`meds export`: a run's checkpoint as a folder that `AutoModelForCausalLM.from_pretrained` loads.
 
-The model is rebuilt the way the run built it: the base model named in the run's config.yaml,
-then the checkpoint's trained weights (weights.safetensors, LoRA or every weight). What is
-written:
+The model is rebuilt the way `meds eval` rebuilds it: the base model named in the run's
+config.yaml, then the checkpoint (its peft adapter, or its trained weights: LoRA or every
+weight). What is written:
   - a full-weight run: the whole model (config.json, model.safetensors);
   - a LoRA run with --merge: the adapter merged into the base, a plain model (vLLM reads it as it is);
   - a LoRA run without --merge: the peft adapter, its base named in adapter_config.json
@@ -27,7 +27,7 @@ from meds_cli.engine import runs
 from meds_cli.engine.model_card import CardInfo, model_card, read_evals
 from meds_cli.core.errors import UserError
 from meds_cli.core.hub import hub_reachable
-from meds_cli.engine.model import EMBEDDED, TINY, apply_lora, load_model_and_tokenizer, resolve_model
+from meds_cli.engine.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -73,23 +73,13 @@ def describe_base(model_name: str) -> tuple[str | None, str | None]:
 
 def trained_policy(cfg, checkpoint: Path):
     """(model as trained, tokenizer, whether it is a peft LoRA model): the base model of the
-    run's config with the checkpoint's trainable weights loaded over it."""
-    from safetensors.torch import load_file
+    run's config with the checkpoint applied as `meds eval` applies it, the adapter unmerged."""
+    from meds_cli.engine.eval_backends import ModelSpec, apply_checkpoint
 
-    weights_file = Path(checkpoint) / "weights.safetensors"
-    if not weights_file.is_file():
-        raise UserError(f"checkpoint {checkpoint} has no weights.safetensors")
-    weights = load_file(str(weights_file))
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
-    is_lora = any(".lora_" in key for key in weights)
-    if is_lora:
-        model = apply_lora(model, cfg.model.lora)
-    result = model.load_state_dict(weights, strict=False)
-    if result.unexpected_keys:
-        raise UserError(f"checkpoint {checkpoint} does not match model '{cfg.model.name}' "
-                        f"(unexpected weights such as {result.unexpected_keys[0]})")
+    model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora), merge=False)
     model.eval()
-    return model, tokenizer, is_lora
+    return model, tokenizer, hasattr(model, "peft_config")
 
 
 @contextlib.contextmanager
