@@ -71,6 +71,9 @@ class AlgorithmContext:
     read_answer: Callable[[str], str | None]  # the task's reading of a response's final answer (no gold)
     answer_mode: str  # the name of that reading (boxed, first_char, ...), for logs
     optimizer_steps_per_batch: int  # PPO epochs x mini-batches: 1 means the policy ratio stays 1
+    # (name, weight) of the user's reward channels (reward.functions), which sit in
+    # rollouts.reward_components beside the algorithm's own, already multiplied by their weight.
+    extra_reward_channels: tuple[tuple[str, float], ...] = ()
 
 
 class Algorithm:

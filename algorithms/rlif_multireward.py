@@ -7,7 +7,9 @@ seed 002, docs/algorithms.md "RLIF multi-reward"): GRPO-style training on two la
 - Completion channel, self-certainty: mean over response tokens of logsumexp(logits) - mean(logits)
   (= KL(uniform || p) + log V), from the no-grad sampling forward pass (observe_forward).
 - GDPO: each channel z-scored within its group on its own, then A = w_c Z_cluster + w_s Z_cert,
-  so neither channel wins by scale alone; optional re-normalization over the batch.
+  so neither channel wins by scale alone; optional re-normalization over the batch. The user's
+  own reward functions (reward.functions) are further channels, z-scored the same way with
+  their weights; whether they read the gold answer is the user's choice.
 - KL-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs"; verl's kl_cov loss):
   the top `kl_cov_ratio` share of valid tokens by cov_t = (A_t - mean A)(logp_t - mean logp)
   get -A*ratio + kl_cov_coef * |logp - old_logp| instead of the clipped surrogate. The seed
@@ -120,7 +122,10 @@ class RLIFMultiReward(Algorithm):
     def compute_advantages(self, rollouts):
         cfg = self.config
         comps = rollouts.reward_components
-        return gdpo_advantages([comps["cluster"], comps["certainty"]], [cfg.cluster_weight, cfg.certainty_weight],
+        extra = self.context.extra_reward_channels
+        # A user channel holds w * f; |w| * z(w * f) = w * z(f), the weighted z-score GDPO gives f.
+        return gdpo_advantages([comps["cluster"], comps["certainty"]] + [comps[name] for name, _ in extra],
+                               [cfg.cluster_weight, cfg.certainty_weight] + [abs(w) for _, w in extra],
                                rollouts.group_size, cfg.adv_eps, cfg.batch_norm)
 
     # -- diagnostics

@@ -40,7 +40,11 @@ from meds_cli.core.records import Problem
 SAMPLES_FILE = "samples.jsonl"
 STATE_FILE = "eval_state.json"
 # Settings that change what a sample is; any other setting (n, k, limit, benchmarks) may change on resume.
-SAMPLE_SHAPING = ("model", "backend", "prompt", "temperature", "top_p", "max_new_tokens", "seed")
+SAMPLE_SHAPING = ("model", "backend", "prompt", "system_prompt", "chat_template_kwargs", "temperature", "top_p",
+                  "max_new_tokens", "seed")
+# What a state file written before a setting existed means by its absence.
+_SHAPING_DEFAULTS = {"system_prompt": "", "chat_template_kwargs": {}}
+SHORT_RESPONSE_TOKENS = 2  # a response this short is almost never an answer to a benchmark problem
 _MAX_PENDING_GRADING = 4  # problems generated but not yet graded; bounds memory if grading lags
 
 
@@ -51,7 +55,9 @@ class EvalSettings:
     n: int | None = None  # samples per problem; None: k
     limit: int | None = None
     data_dir: str | None = None
-    prompt: str = "boxed"
+    prompt: str = "boxed"  # boxed | chat; the command line's 'auto' is resolved before the harness runs
+    system_prompt: str = ""  # a run's task.system_prompt
+    chat_template_kwargs: dict = field(default_factory=dict)  # a run's task.chat_template_kwargs
     temperature: float = 0.6
     top_p: float = 0.95
     max_new_tokens: int = 4096
@@ -73,7 +79,7 @@ class EvalSettings:
             (self.k >= 1, f"--k must be >= 1, got {self.k}"),
             (self.n is None or self.n >= self.k, f"--n ({self.n}) must be at least --k ({self.k}): pass@k needs n >= k samples"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
-            (self.prompt in ("boxed", "chat"), f"unknown --prompt '{self.prompt}'; accepted: boxed, chat"),
+            (self.prompt in ("auto", "boxed", "chat"), f"unknown --prompt '{self.prompt}'; accepted: auto, boxed, chat"),
             (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
@@ -167,7 +173,7 @@ def check_state(folder: Path, settings: EvalSettings) -> None:
     if path.is_file() and (Path(folder) / SAMPLES_FILE).is_file():
         theirs = json.loads(path.read_text())
         for key in SAMPLE_SHAPING:
-            if theirs.get(key) != mine[key]:
+            if theirs.get(key, _SHAPING_DEFAULTS.get(key)) != mine[key]:
                 raise UserError(
                     f"{folder} holds samples drawn with {key}={theirs.get(key)!r}, not {mine[key]!r}; "
                     f"pass another --output, or delete {folder / SAMPLES_FILE} to start over"
@@ -209,6 +215,7 @@ def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> 
         "maj@k": None,
         "mean_response_length": sum(r["length"] for r in every) / len(every),
         "truncated_share": sum(r["truncated"] for r in every) / len(every),
+        "short_response_share": sum(r["length"] <= SHORT_RESPONSE_TOKENS for r in every) / len(every),
         "outcomes": dict(sorted(outcomes.items())),
         "timeouts": outcomes.get("timeout", 0) + outcomes.get("Timeout", 0),
     }
@@ -334,7 +341,8 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-grading") as grader:
         for offset in range(0, len(todo), backend.chunk_problems):
             chunk = todo[offset:offset + backend.chunk_problems]
-            requests = [Request(problem_prompt(b.kind, p, backend.tokenizer, settings.prompt), n - first,
+            requests = [Request(problem_prompt(b.kind, p, backend.tokenizer, settings.prompt, system_prompt=settings.system_prompt,
+                                               template_kwargs=settings.chat_template_kwargs), n - first,
                                 problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in chunk]
             t0 = time.perf_counter()
             outputs = backend.generate(requests)

@@ -280,26 +280,14 @@ def load_math_file(path: str | Path) -> list[Problem]:
     return _training_problems(read_rows(Path(path), skipped), skipped)
 
 
-def load_math_source(source: str | Path) -> list[Problem]:
-    """Training problems from a JSON/JSONL file or, when `source` is not a file name, from the
-    'train' split of the hub dataset of that name (rows with problem/question and answer/solution)."""
+def load_math_source(source: str | Path, subset: str = "", split: str = "train", revision: str = "",
+                     columns: dict | None = None) -> list[Problem]:
+    """Training problems from a local file or, when `source` is not a file name, from a split of
+    the hub dataset of that name (rows with problem/question and answer/solution, or the columns
+    `columns` maps onto them)."""
+    from benchmarks.dataset_source import map_columns, read_source
+
     source = str(source).strip()
-    if not source:
-        raise UserError("task.path is empty: give a JSON/JSONL file of {problem, answer} rows or a hub dataset name")
-    path = Path(source)
-    if path.exists() or path.suffix in (".json", ".jsonl"):
-        return load_math_file(path)
-    import datasets
-
-    from meds_cli.core.hub import offline_unless_reachable
-
-    offline_unless_reachable()  # fail at once rather than after a minute of retries
-
-    try:
-        rows = datasets.load_dataset(source, split="train")
-    except Exception as error:
-        raise UserError(
-            f"cannot load math dataset '{source}' from the dataset hub ({type(error).__name__}); "
-            "give a local JSON/JSONL file instead"
-        ) from None
-    return _training_problems([Row(i, f"row {i}", dict(row)) for i, row in enumerate(rows)], Skipped(source))
+    skipped = Skipped(source or "task.path")
+    rows = map_columns(read_source(source, skipped, subset, split, revision), columns, source)
+    return _training_problems(rows, skipped)

@@ -22,22 +22,26 @@ def code_prompt_text(problem: Problem) -> str:
     return f"{problem.question}{starter_text}\n\n{CODE_INSTRUCTION}"
 
 
-def apply_style(text: str, tokenizer, style: str) -> str:
+def apply_style(text: str, tokenizer, style: str, system_prompt: str = "", template_kwargs: dict | None = None) -> str:
     """'boxed': the text as it is; 'chat': the text as a user turn of the model's chat template
-    (plain when the tokenizer has no template)."""
+    (plain when the tokenizer has no template), after a system turn when `system_prompt` is set,
+    with `template_kwargs` passed to the template (e.g. Qwen3's enable_thinking). Without a
+    template the system prompt is a line before the text."""
     if style not in STYLES:
         raise ValueError(f"unknown prompt style '{style}'; accepted: {', '.join(STYLES)}")
     if style == "chat" and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return text
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return tokenizer.apply_chat_template(system + [{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True, **(template_kwargs or {}))
+    return f"{system_prompt}\n{text}" if system_prompt else text
 
 
-def build_prompt(question: str, tokenizer, style: str) -> str:
-    """The Qwen-Math boxed prompt for a math question, in the given style."""
-    return apply_style(boxed_prompt(question), tokenizer, style)
+def build_prompt(question: str, tokenizer, style: str, **options) -> str:
+    """The Qwen-Math boxed prompt for a math question, in the given style (options: apply_style's)."""
+    return apply_style(boxed_prompt(question), tokenizer, style, **options)
 
 
-def problem_prompt(kind: str, problem: Problem, tokenizer, style: str) -> str:
+def problem_prompt(kind: str, problem: Problem, tokenizer, style: str, **options) -> str:
     """The prompt for a problem of a benchmark or task of `kind` ('math' or 'code')."""
     text = code_prompt_text(problem) if kind == "code" else boxed_prompt(problem.question)
-    return apply_style(text, tokenizer, style)
+    return apply_style(text, tokenizer, style, **options)

@@ -15,6 +15,7 @@ from typing import Sequence
 from benchmarks.answer_extraction import extract_answer, integer_literal_value
 from benchmarks.prompts import build_prompt, problem_prompt
 from benchmarks.registry import TASKS
+from meds_cli.core.errors import UserError
 from meds_cli.core.records import Problem, Verdict
 
 
@@ -38,6 +39,20 @@ class Task:
     def make_splits(self) -> tuple[list[Problem], list[Problem]]:
         raise NotImplementedError
 
+    def drop_long_prompts(self, tokenizer, max_tokens: int) -> tuple[int, int]:
+        """Leave out of both pools the problems whose prompt has more than `max_tokens` tokens
+        (0: keep all); (training problems left out, training problems there were)."""
+        from benchmarks.dataset_source import drop_long_prompts
+
+        before = len(self.train)
+        prompt_of = functools.partial(self.prompt, tokenizer=tokenizer)
+        train, skipped = drop_long_prompts(self.train, prompt_of, tokenizer, max_tokens)
+        held_out, _ = drop_long_prompts(self.held_out, prompt_of, tokenizer, max_tokens)
+        if not train:
+            raise UserError(f"task.max_prompt_tokens={max_tokens} leaves none of the {before} training problems; raise it")
+        self._splits = (train, held_out)
+        return skipped, before
+
     # The name of read_answer's reading (an extraction mode of algorithms that read answers).
     answer_mode = "boxed"
 
@@ -47,7 +62,12 @@ class Task:
         return extract_answer(response, "boxed")
 
     def prompt(self, problem: Problem, tokenizer) -> str:
-        return build_prompt(problem.question, tokenizer, self.config.prompt_style)
+        return build_prompt(problem.question, tokenizer, self.config.prompt_style, **self.prompt_options)
+
+    @property
+    def prompt_options(self) -> dict:
+        """The system prompt and chat-template arguments of task: (apply_style's options)."""
+        return {"system_prompt": self.config.system_prompt, "template_kwargs": self.config.chat_template_kwargs}
 
     def grade(self, pairs: Sequence[tuple[Problem, str]]) -> list[Verdict]:
         raise NotImplementedError
@@ -137,12 +157,13 @@ class CopyTask(Task):
         return response[:1] if response else None
 
 
-@TASKS.register("math", "math word problems from a JSON/JSONL file or hub dataset (task.path); graded by math-verify, strict")
+@TASKS.register("math", "math word problems from a JSON/JSONL/Parquet file or hub dataset (task.path, task.columns); graded by math-verify, strict")
 class MathTask(Task):
     def make_splits(self):
         from benchmarks.math_benchmarks import load_math_source
 
-        problems = load_math_source(self.config.path)
+        cfg = self.config
+        problems = load_math_source(cfg.path, cfg.subset, cfg.split, cfg.revision, cfg.columns)
         rng = random.Random(self.seed)
         order = list(range(len(problems)))
         rng.shuffle(order)
@@ -176,7 +197,7 @@ class CodeTask(Task):
         return [problems[i] for i in order[held:]], [problems[i] for i in order[:held]]
 
     def prompt(self, problem, tokenizer):
-        return problem_prompt("code", problem, tokenizer, self.config.prompt_style)
+        return problem_prompt("code", problem, tokenizer, self.config.prompt_style, **self.prompt_options)
 
     def grade(self, pairs):
         from benchmarks.registry import BENCHMARKS

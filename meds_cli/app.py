@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 
 from meds_cli import __version__
+from meds_cli.commands.export import export_command
 from meds_cli.core.errors import UserError
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
@@ -70,8 +72,8 @@ def eval_cmd(
     k: Annotated[int, typer.Option("--k", help="Report pass@k and maj@k for k = 1, 2, 4, ... up to this.")] = 128,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (like shared/data); default: the dataset hub.")] = None,
-    prompt: Annotated[str, typer.Option(help="Prompt template: boxed (Qwen-Math, plain text) or chat (the model's chat template).")] = "boxed",
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
+    prompt: Annotated[str, typer.Option(help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed (Qwen-Math, plain text) or chat.")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
     max_new_tokens: Annotated[int, typer.Option(help="Response length limit in tokens.")] = 4096,
@@ -113,7 +115,7 @@ def list_cmd():
 
 @app.command("cluster-inspect")
 def cluster_inspect_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder of a MEDS run.")],
+    run_dir: Annotated[Optional[Path], typer.Argument(help="A run folder of a MEDS run (default: the newest run under runs/).")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step to read (default: the latest).")] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Prompt id to detail (default: the one with the largest wrong cluster).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -123,6 +125,11 @@ def cluster_inspect_cmd(
     from meds_cli.commands.cluster_inspect import cluster_inspect
 
     try:
+        if run_dir is None:
+            from meds_cli.engine.runs import newest_run
+
+            run_dir = newest_run("runs")
+            err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
         cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
     except UserError as e:
         fail(str(e))
@@ -141,12 +148,13 @@ def ablate(
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Leave out the baseline run of the base algorithm (DAPO).")] = False,
     output: Annotated[Optional[Path], typer.Option(help="Ablation folder (default runs/ablate-<time>); an existing one is continued.")] = None,
     benchmarks: Annotated[str, typer.Option(help="'heldout' (the task's held-out split) or comma-separated benchmarks.")] = "heldout",
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (like shared/data).")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
     k: Annotated[int, typer.Option("--k", help="Report pass@k for k = 1, 2, 4, ... up to this.")] = 8,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
     temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and estimate the time from a one-step probe.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and stop.")] = False,
+    estimate: Annotated[bool, typer.Option("--estimate", help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
@@ -157,7 +165,7 @@ def ablate(
         plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                          layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
         if dry_run:
-            show_plan(plan, err)
+            show_plan(plan, err, probe=estimate)
             return
         options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
                               data_dir=str(data_dir) if data_dir else None, temperature=temperature)
@@ -166,6 +174,22 @@ def ablate(
         fail(str(e))
     except KeyboardInterrupt:
         raise typer.Exit(130)
+
+
+def _one_line_errors(command):
+    """A command whose UserError ends as one red line and exit code 2 (same signature for Typer)."""
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as e:
+            fail(str(e))
+
+    return run_command
+
+
+app.command("export")(_one_line_errors(export_command))
 
 
 def run():  # pragma: no cover - console entry for `python -m meds_cli`

@@ -100,8 +100,21 @@ def ablate(folder, *extra):
                                "--output", str(folder), "--k", "2", "-q", *extra])
 
 
-def test_dry_run_lists_variants_and_estimates(tmp_path):
+def test_dry_run_lists_variants_at_once_without_training(tmp_path, monkeypatch):
+    import meds_cli.commands.ablate as ablate_module
+
+    def no_probe(plan):
+        raise AssertionError("a plain --dry-run must not train")
+
+    monkeypatch.setattr(ablate_module, "probe_step_seconds", no_probe)
     result = ablate(tmp_path / "abl", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "features-logits" in result.output and "add --estimate" in result.output
+    assert not (tmp_path / "abl").exists()
+
+
+def test_dry_run_lists_variants_and_estimates(tmp_path):
+    result = ablate(tmp_path / "abl", "--dry-run", "--estimate")
     assert result.exit_code == 0, result.output
     assert "features-logits" in result.output and "features-random" in result.output
     text = " ".join(result.output.split())  # rich wraps at the terminal width

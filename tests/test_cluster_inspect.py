@@ -88,6 +88,16 @@ def test_not_a_run_and_not_meds(run_dir, tmp_path):
         inspect_run(other)
 
 
+def test_with_no_run_named_the_newest_run_is_inspected(run_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["cluster-inspect", "--json"])
+    assert result.exit_code == 2 and "no run folder under 'runs'" in result.output
+    shutil.copytree(run_dir, tmp_path / "runs" / "20260101-000000-meds")
+    result = CliRunner().invoke(app, ["cluster-inspect", "--json", "--output", str(tmp_path / "png")])
+    assert result.exit_code == 0, result.output
+    assert "inspecting the newest run, runs/20260101-000000-meds" in result.output
+
+
 def saved_run(folder, algo, cfg, step):
     """A run folder as `meds train` leaves it, with only what cluster-inspect reads."""
     folder.mkdir()

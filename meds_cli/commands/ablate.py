@@ -252,11 +252,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def dry_run(plan: Plan, console, probe: bool = True) -> dict:
-    """List the variants and estimate the training time from a one-step probe."""
+def dry_run(plan: Plan, console, probe: bool = False) -> dict:
+    """List the variants at once; with `probe`, then time one training step of the base config
+    (loading its model first) and estimate the training time."""
     from rich.table import Table
 
-    seconds = probe_step_seconds(plan) if probe else None
     table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each -> {plan.folder}",
                   title_justify="left")
     table.add_column("variant")
@@ -264,8 +264,13 @@ def dry_run(plan: Plan, console, probe: bool = True) -> dict:
     for v in plan.variants:
         table.add_row(v.name, " ".join(f"{key}={value}" for key, value in v.overrides.items()))
     console.print(table)
-    total = None if seconds is None else seconds * plan.steps * len(plan.variants)
-    if total is not None:
+    seconds = total = None
+    if not probe:
+        console.print("add --estimate to time one training step of the base config and estimate the total")
+    else:
+        with console.status("timing one training step of the base config (loading its model first) ..."):
+            seconds = probe_step_seconds(plan)
+        total = seconds * plan.steps * len(plan.variants)
         console.print(f"one step of the base config took {seconds:.2f} s; training estimate: {seconds:.2f} s x "
                       f"{plan.steps} steps x {len(plan.variants)} variants = {_duration(total)} "
                       "(plus model loading and evaluation; semantic features add an embedding model)")

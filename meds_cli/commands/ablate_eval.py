@@ -50,7 +50,8 @@ class EvalOptions:
             raise UserError(f"--data-dir '{self.data_dir}' is not a folder; it must hold <benchmark>/test.jsonl files")
         settings = EvalSettings(list(self.benchmarks), k=self.k, n=self.n, limit=self.limit, data_dir=self.data_dir,
                                 temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens,
-                                seed=self.seed, batch_size=self.batch_size, backend="hf" if self.heldout else "auto")
+                                seed=self.seed, batch_size=self.batch_size, backend="hf" if self.heldout else "auto",
+                                prompt="auto")  # each variant with the prompt style it trained with
         settings.validate()
         return settings
 

@@ -69,7 +69,10 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
     from accelerate import Accelerator
 
-    accelerator = Accelerator(mixed_precision=plan.cfg.train.mixed_precision)
+    from meds_cli.engine.trackers import accelerator_kwargs
+
+    accelerator = Accelerator(mixed_precision=plan.cfg.train.mixed_precision,
+                              **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     run_dir = plan.run_dir

@@ -8,6 +8,7 @@ import math
 from algorithms import AlgorithmContext, compose_algorithm
 from algorithms.base import Algorithm
 from benchmarks.tasks import Task, build_task
+from meds_cli.engine.user_rewards import planned_channels
 
 
 def optimizer_steps_per_batch(cfg) -> int:
@@ -20,7 +21,9 @@ def optimizer_steps_per_batch(cfg) -> int:
 def algorithm_context(cfg, task: Task) -> AlgorithmContext:
     return AlgorithmContext(reward_correct=cfg.reward.correct, reward_wrong=cfg.reward.wrong,
                             max_new_tokens=cfg.rollout.max_new_tokens, read_answer=task.read_answer, answer_mode=task.answer_mode,
-                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
+                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
+                            extra_reward_channels=tuple((name, weight) for name, _, weight in
+                                                        planned_channels(cfg.reward.functions, cfg.reward.function_weights)))
 
 
 def build_algorithm(cfg, task: Task | None = None) -> Algorithm:

@@ -21,10 +21,13 @@ from typing import Any
 import yaml
 
 from algorithms import ALGORITHMS
+from benchmarks.dataset_source import check_columns
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+from meds_cli.engine.trackers import parse_report_to
+from meds_cli.engine.user_rewards import planned_channels
 
 FINITE = Check(math.isfinite, "a finite number")
 FINITE_POSITIVE = Check(lambda v: math.isfinite(v) and v > 0, "a finite number greater than 0")
@@ -57,7 +60,14 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = doc("arithmetic", "training task (see `meds list`)")
-    path: str = doc("", "math task: JSON/JSONL file or hub dataset name; code tasks: a data folder laid out like shared/data (empty: the hub)")
+    path: str = doc("", "math task: JSON/JSONL/Parquet file or hub dataset name; code tasks: a data folder with <benchmark>/test.jsonl (empty: the hub)")
+    subset: str = doc("", "math task from the hub: the dataset's subset (its config name)")
+    split: str = doc("train", "math task from the hub: the split to train on")
+    revision: str = doc("", "math task from the hub: the commit, tag or branch the data is pinned to")
+    columns: dict = doc({}, "math task: the dataset column of each task field, e.g. {problem: question, answer: final_answer}")
+    system_prompt: str = doc("", "a system message before every prompt (chat style; in boxed style, a line before the prompt)")
+    chat_template_kwargs: dict = doc({}, "extra arguments of the chat template, e.g. {enable_thinking: false} for Qwen3")
+    max_prompt_tokens: int = doc(0, "leave out problems whose prompt has more tokens than this (0: keep all)", at_least(0))
     prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
@@ -70,16 +80,22 @@ class TaskConfig:
         unknown = [op for op in self.operations if op not in OPERATIONS]
         require(not unknown and bool(self.operations),
                 f"{prefix}operations {unknown or self.operations} not accepted; choose from {', '.join(OPERATIONS)}")
+        check_columns(self.columns, f"{prefix}columns")
+        require(all(isinstance(k, str) for k in self.chat_template_kwargs),
+                f"{prefix}chat_template_kwargs must map argument names to values, got {self.chat_template_kwargs!r}")
 
 
 @dataclass
 class RewardConfig:
     correct: float = doc(1.0, "reward of a correct response", FINITE)
     wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)", FINITE)
+    functions: str | list[str] = doc([], "your own reward functions, path/to/file.py:name or a list of them; each is a reward channel")
+    function_weights: list[float] = doc([], "the weight of each reward function (default: 1 each)")
 
     def validate(self, prefix: str) -> None:
         require(self.correct > self.wrong, f"{prefix}correct ({self.correct}) must be greater than {prefix}wrong "
                                            f"({self.wrong}): the reward must favour correct responses")
+        planned_channels(self.functions, self.function_weights)  # the form of each entry, one weight each
 
 
 @dataclass
@@ -115,6 +131,12 @@ class TrainConfig:
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
     runs_root: str = doc("runs", "where new run folders are created")
     tag: str = doc("", "suffix of the run folder name")
+    report_to: str | list[str] = doc("none", "experiment trackers: none, tensorboard, wandb, trackio, mlflow, or a list of them")
+    log_samples_every: int = doc(0, "write a few prompts with their responses to RUN/samples/step_N.jsonl every N steps (0: never)", at_least(0))
+    log_samples_prompts: int = doc(2, "prompts (groups of responses) in each samples log", at_least(1))
+
+    def validate(self, prefix: str) -> None:
+        parse_report_to(self.report_to)
 
 
 @dataclass

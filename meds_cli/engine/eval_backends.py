@@ -106,14 +106,16 @@ def checkpoint_adapter(checkpoint: Path) -> Path | None:
     return adapter
 
 
-def apply_checkpoint(model, spec: ModelSpec):
-    """The base model with the checkpoint's adapter (merged, for speed) or trainable weights."""
+def apply_checkpoint(model, spec: ModelSpec, merge: bool = True):
+    """The base model with the checkpoint's adapter (merged, for speed; `merge=False` keeps the
+    peft model, for `meds export`) or trainable weights."""
     checkpoint = spec.checkpoint
     adapter = checkpoint_adapter(checkpoint)
     if adapter is not None:
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        model = PeftModel.from_pretrained(model, str(adapter))
+        return model.merge_and_unload() if merge else model
     weights_file = checkpoint / "weights.safetensors"
     if not weights_file.is_file():
         raise UserError(f"checkpoint {checkpoint} has neither adapter/ nor weights.safetensors")
@@ -129,7 +131,7 @@ def apply_checkpoint(model, spec: ModelSpec):
     if result.unexpected_keys:
         raise UserError(f"checkpoint {checkpoint} does not match model '{spec.name}' "
                         f"(unexpected weights such as {result.unexpected_keys[0]})")
-    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    return model.merge_and_unload() if merge and hasattr(model, "merge_and_unload") else model
 
 
 class HFBackend:

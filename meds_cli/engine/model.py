@@ -171,6 +171,22 @@ def load_tokenizer(source: str):
     return tokenizer
 
 
+def has_chat_template(name: str) -> bool:
+    """Whether the tokenizer of model `name` (any --model value) has a chat template; False when
+    it cannot be loaded here (loading the model will then say why)."""
+    if name == TINY:
+        return False
+    try:
+        source = resolve_model(name)
+        if not Path(source).is_dir():
+            from meds_cli.core.hub import offline_unless_reachable
+
+            offline_unless_reachable()
+        return bool(getattr(load_tokenizer(source), "chat_template", None))
+    except (OSError, ValueError, UserError):
+        return False
+
+
 def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
     check_dtype(dtype, "model.dtype")

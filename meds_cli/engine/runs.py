@@ -140,3 +140,17 @@ def resolve_run_dir(path: str) -> Path:
         raise UserError(f"'{path}' is not a run folder (no config.yaml in it); a run killed while its model was "
                         f"loading holds no run yet: start it again with --output {path}")
     return run_dir
+
+
+def newest_run(root: str | Path = "runs") -> Path:
+    """The run folder under `root` written to last (its metrics or config): what a command given
+    no run folder works on, right after `meds train`."""
+    root = Path(root)
+    found = [p for p in root.iterdir() if (p / "config.yaml").is_file()] if root.is_dir() else []
+    if not found:
+        raise UserError(f"no run folder under '{root}' (a folder with a config.yaml); give a run folder")
+
+    def last_written(run: Path) -> float:
+        return max((run / name).stat().st_mtime for name in ("config.yaml", "metrics.jsonl") if (run / name).is_file())
+
+    return max(found, key=lambda run: (last_written(run), run.name))

@@ -30,6 +30,10 @@ from meds_cli.engine.metrics import mean_of, rollout_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.rollout import response_forward, sample_responses, score_rollouts, token_logprobs
+from meds_cli.engine.config import to_dict
+from meds_cli.engine.samples_log import record_samples, should_log_samples
+from meds_cli.engine.trackers import RunTracker, accelerator_kwargs
+from meds_cli.engine.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
 
@@ -52,14 +56,20 @@ class Trainer:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
+        self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision,
+                                              **accelerator_kwargs(cfg.train.report_to, self.run_dir))
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._validate()
         self.task = build_task(cfg.task, cfg.train.seed)
         self.algorithm = build_algorithm(cfg, self.task)
-        self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
+        self.reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights)
         self._seed(cfg.train.seed)
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
+        skipped, total = self.task.drop_long_prompts(self.tokenizer, cfg.task.max_prompt_tokens)
+        if skipped:
+            self._say(f"task.max_prompt_tokens={cfg.task.max_prompt_tokens}: left out {skipped} of {total} training problems with longer prompts")
+        self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
+        self.tracker = RunTracker(self.acc)
         model = apply_lora(model, cfg.model.lora)
         params = [p for p in model.parameters() if p.requires_grad]
         optim = cfg.optim
@@ -116,8 +126,11 @@ class Trainer:
                        observe=lambda view: algo.observe_forward(batch, view),
                        disable_adapter=reference_context(model) if algo.uses_reference else None,
                        tokenizer=self.tokenizer)
-        batch.verdicts = self.task.grade(list(zip([p for p in problems for _ in range(cfg.rollout.group_size)], batch.response_texts)))
-        batch.reward_components = algo.reward_components(batch)
+        per_response = [p for p in problems for _ in range(cfg.rollout.group_size)]
+        batch.verdicts = self.task.grade(list(zip(per_response, batch.response_texts)))
+        own = user_reward_channels(self.reward_functions, [q for q in prompts for _ in range(cfg.rollout.group_size)],
+                                   batch.response_texts, per_response)
+        batch.reward_components = add_channels(algo.reward_components(batch), own)
         batch.rewards = sum(batch.reward_components.values())
         timing["time_generate_s"] += t1 - t0
         timing["time_score_s"] += time.perf_counter() - t1
@@ -243,6 +256,9 @@ class Trainer:
             row.update(self.algorithm.step_metrics(batch))
         else:
             row["skipped_update"] = 1.0
+        if should_log_samples(step, self.cfg.train.log_samples_every) and self.acc.is_main_process:
+            record_samples(self.run_dir, step, batch if batch is not None else sampled,
+                           self.cfg.train.log_samples_prompts, self.tracker)
         row["lr"] = self.scheduler.get_last_lr()[0]
         timing["time_train_s"] = time.perf_counter() - t_train
         timing["time_step_s"] = time.perf_counter() - t_start
@@ -254,6 +270,7 @@ class Trainer:
         row = self._reduce_metrics(row)  # after the eval: each process evaluated its share
         if self.acc.is_main_process:
             self.metrics.append(row)
+            self.tracker.log(row, step)
         return row
 
     def _reduce_metrics(self, row: dict) -> dict:
@@ -292,6 +309,7 @@ class Trainer:
         previous = signal.getsignal(signal.SIGINT)
         if self.acc.is_main_process and hasattr(signal, "SIGINT"):
             signal.signal(signal.SIGINT, self._request_stop)
+        self.tracker.start(to_dict(self.cfg, self.algorithm.config_sections), self.run_dir.name)
         try:
             while self.step < self.cfg.train.steps:
                 row = self.train_step()
@@ -307,6 +325,7 @@ class Trainer:
                     raise KeyboardInterrupt
         finally:
             signal.signal(signal.SIGINT, previous)
+            self.tracker.end()
         return rows
 
     def _request_stop(self, signum, frame):

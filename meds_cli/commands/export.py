@@ -1,0 +1,36 @@
+"""`meds export RUN --output DIR [--step N] [--merge] [--push-to-hub REPO]`: a run's checkpoint as
+a folder that transformers (and, merged, vLLM) load, with its tokenizer and a model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+
+def export_command(
+    run: Annotated[Path, typer.Argument(help="A run folder (its last checkpoint, or --step).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="New (or empty) folder to write the model into.")],
+    step: Annotated[Optional[int], typer.Option(help="Checkpoint step to export (default: the latest).")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Merge a LoRA adapter into the base weights (a plain model; what vLLM loads).")] = False,
+    push_to_hub: Annotated[Optional[str], typer.Option("--push-to-hub", help="Also upload the folder to this hub model repository (owner/name).")] = None,
+) -> None:
+    """Export a run's checkpoint: merged model or adapter, tokenizer, and a model card with the run's config and evals."""
+    from meds_cli.engine.export import check_hub_reachable, check_output, check_repo_id, export_run, push_to_hub as push
+
+    console = Console(stderr=True, soft_wrap=True)
+    check_output(output)
+    if push_to_hub:
+        check_repo_id(push_to_hub)
+        check_hub_reachable(push_to_hub)
+    with console.status(f"exporting {run} ..."):
+        result = export_run(run, output, step=step, merge=merge)
+    named = f" (base: {result.base})" if result.base else ""
+    console.print(f"exported step {result.step} of [bold]{run}[/] as {result.kind}{named} to [bold]{result.folder}[/]")
+    if push_to_hub:
+        with console.status(f"uploading to {push_to_hub} ..."):
+            url = push(result.folder, push_to_hub)
+        console.print(f"uploaded to {url}")
+

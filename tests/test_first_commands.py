@@ -1,0 +1,125 @@
+"""The first commands a user types do the obvious thing: `meds eval` with nothing named evaluates the
+newest run (and says so), the prompt follows the model, and a prompt the model does not understand
+is called out."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from benchmarks.generation import Generated
+from meds_cli.app import app
+from meds_cli.commands.eval import choose_prompt, prompt_warning
+from meds_cli.core.errors import UserError
+from meds_cli.engine import eval_backends
+from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.runs import newest_run
+from meds_cli.engine.trainer import Trainer
+from tests.conftest import tiny_config
+
+runner = CliRunner()
+ROWS = [{"problem": "compute 1+1", "answer": "2"}, {"problem": "compute 2*3", "answer": "6"}]
+EVAL = ["--benchmarks", "math500", "--k", "2", "--n", "2", "--max-new-tokens", "6", "--temperature", "1.0",
+        "--top-p", "1.0", "-q"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    (tmp_path / "data" / "math500").mkdir(parents=True)
+    (tmp_path / "data" / "math500" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return tmp_path / "data"
+
+
+def _touch(path, seconds_ago):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    stamp = time.time() - seconds_ago
+    os.utime(path, (stamp, stamp))
+
+
+def test_the_newest_run_is_the_one_written_to_last(tmp_path):
+    _touch(tmp_path / "runs" / "20260101-000000-meds" / "config.yaml", 300)
+    _touch(tmp_path / "runs" / "20260102-000000-dapo" / "config.yaml", 200)
+    _touch(tmp_path / "runs" / "eval-20260103-x" / "results.json", 10)  # not a run: no config.yaml
+    assert newest_run(tmp_path / "runs").name == "20260102-000000-dapo"
+    _touch(tmp_path / "runs" / "20260101-000000-meds" / "metrics.jsonl", 100)  # resumed and trained since
+    assert newest_run(tmp_path / "runs").name == "20260101-000000-meds"
+    with pytest.raises(UserError, match="no run folder under"):
+        newest_run(tmp_path / "elsewhere")
+
+
+def test_prompt_choice():
+    assert choose_prompt("boxed", "chat", True) == ("boxed", "--prompt")
+    assert choose_prompt("auto", "boxed", True) == ("boxed", "the run's task.prompt_style")
+    assert choose_prompt("auto", None, True) == ("chat", "the model has a chat template")
+    assert choose_prompt("auto", None, False) == ("boxed", "the model has no chat template")
+
+
+def test_prompt_warning_names_the_benchmarks_with_mostly_empty_answers():
+    document = {"config": {"prompt": "boxed"},
+                "benchmarks": {"math500": {"short_response_share": 0.9}, "aime24": {"short_response_share": 0.5}}}
+    warning = prompt_warning(document)
+    assert "math500 90%" in warning and "aime24" not in warning and "try --prompt chat" in warning
+    document["benchmarks"]["math500"]["short_response_share"] = 0.2
+    assert prompt_warning(document) is None
+
+
+def test_eval_with_nothing_named_evaluates_the_newest_run_with_its_own_prompt(tmp_path, data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("eval", *EVAL, "--data-dir", data_dir)
+    assert result.exit_code == 2 and "nothing to evaluate: no run folder under 'runs'" in result.output
+
+    cfg = tiny_config("train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "task.prompt_style=boxed",
+                      "task.system_prompt=be brief")
+    run = tmp_path / "runs" / "20260101-000000-grpo"
+    trainer = Trainer(cfg, run)
+    trainer.train()
+    dump_yaml(cfg, run / "config.yaml", sections=trainer.algorithm.config_sections)
+    result = invoke("eval", *EVAL, "--data-dir", data_dir)
+    assert result.exit_code == 0, result.output
+    assert f"evaluating the newest run, {os.path.join('runs', run.name)}" in result.output
+    assert "prompt: boxed (the run's task.prompt_style)" in result.output
+    settings = json.loads((run / "eval" / "step_1" / "results.json").read_text())["config"]
+    assert settings["prompt"] == "boxed" and settings["system_prompt"] == "be brief"
+
+
+def test_a_bare_model_with_a_chat_template_is_prompted_through_it(tmp_path, data_dir, monkeypatch):
+    from meds_cli.engine.tiny import tiny_model_and_tokenizer
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}user: {{ m['content'] }}{% endfor %} answer:"
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    prompts = []
+    real = eval_backends.HFBackend.generate
+
+    def recording(self, requests):
+        prompts.extend(r.prompt for r in requests)
+        return real(self, requests)
+
+    monkeypatch.setattr(eval_backends.HFBackend, "generate", recording)
+    result = invoke("eval", "--model", tmp_path / "model", *EVAL, "--data-dir", data_dir, "--output", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "prompt: chat (the model has a chat template)" in result.output
+    assert prompts and all(p.startswith("user: compute") and p.endswith(" answer:") for p in prompts)
+
+
+def test_mostly_one_token_answers_are_reported_as_a_prompt_problem(tmp_path, data_dir, monkeypatch):
+    def empty_answers(self, requests):
+        return [Generated([""] * r.n, [1] * r.n, [False] * r.n) for r in requests]
+
+    monkeypatch.setattr(eval_backends.HFBackend, "generate", empty_answers)
+    result = invoke("eval", "--model", "tiny-llama", *EVAL, "--data-dir", data_dir, "--output", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "the prompt is probably wrong for this model (it was given the boxed prompt; try --prompt chat)" in result.output
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert document["benchmarks"]["math500"]["short_response_share"] == 1.0
+    assert "math500 100%" in document["warnings"][0]
+    torch.manual_seed(0)  # leave no trace in the global RNG for later tests
