@@ -141,7 +141,7 @@ def test_an_output_with_files_is_refused_and_left_alone(lora_run, tmp_path):
 def test_bad_run_and_step_are_one_line(lora_run, tmp_path):
     with pytest.raises(UserError, match="is not a run folder"):
         export_run(tmp_path, tmp_path / "out")
-    with pytest.raises(UserError, match="no checkpoint at step 7; available: 2"):
+    with pytest.raises(UserError, match="no checkpoint at step 7; checkpoints: 2"):
         export_run(lora_run[0], tmp_path / "out", step=7)
     assert not (tmp_path / "out").exists()
 
@@ -192,7 +192,7 @@ def test_the_base_is_named_by_hub_id_or_own_folder(tmp_path):
     alias, hub_id = next(iter(model_aliases().items()))
     assert describe_base(alias) == (hub_id, None)
     assert describe_base("someone/some-model") == ("someone/some-model", None)
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     assert describe_base(str(tmp_path)) == (None, str(tmp_path.resolve()))
     assert describe_base("tiny-llama") == (None, None) and describe_base("smollm2-135m") == (None, None)
 
