@@ -32,6 +32,7 @@ from benchmarks.answer_extraction import answer_key
 from benchmarks.eval_backends import Backend, Generated, Request
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
+from benchmarks.code_rows import row_count_mismatch
 from benchmarks.registry import Benchmark, Problem
 from meds_cli.errors import UserError
 
@@ -340,6 +341,8 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     for benchmark, problems in suites:
         per_problem = [store.existing(benchmark.name, p.id)[:n] for p in problems]
         scores[benchmark.name] = score_benchmark(benchmark.kind, per_problem, settings.ks)
+        if mismatch := row_count_mismatch(problems):  # reported with the scores, not mixed in silently
+            scores[benchmark.name]["rows"] = mismatch
     timing.total_s = time.perf_counter() - start
     return EvalOutcome(scores, average_scores(scores), asdict(timing), store.path,
                        {b.name: len(p) for b, p in suites})
