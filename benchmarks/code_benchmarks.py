@@ -17,7 +17,6 @@ Verdict.outcome is the class of the first failing test ('WrongAnswer', an except
 'plus_passed', 'program_outcome' and the per-group counts.
 """
 
-import logging
 import os
 import re
 from typing import Sequence
@@ -33,7 +32,6 @@ from benchmarks.code_values import Opaque, Unequal, decode_value, digest, encode
 from benchmarks.registry import BENCHMARKS, Benchmark, Problem, Verdict
 from benchmarks.sandbox import Job, ProgramResult, run_many
 
-log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 4.0  # a HumanEval check(candidate): a few asserts
 SCRIPT_TIMEOUT_S = 60.0  # a hub MBPP+ test script: every input of the task in one program

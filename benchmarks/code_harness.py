@@ -10,11 +10,14 @@ Inputs come in groups (EvalPlus's base and plus tests), each run as EvalPlus run
 - each input has its own time limit, enforced with a SIGALRM timer that raises `Timeout`
   inside the solution, and the group as a whole a wall-clock budget counted from the start
   of its loading; after a time-out the rest of the group is not run (it has failed);
-- an exception fails that input only (the verdict is the same, and the pass-rate reward
-  keeps counting the inputs after it);
-- for candidates (`guard`), what EvalPlus's reliability guard disables is disabled (file
-  removal, `open`, process creation and signalling, `os.chdir`/`getcwd`, ...), and the
-  solution's stdin, stdout and stderr are a sink: printing is free, reading fails.
+- an exception fails that input only (EvalPlus stops the group there: the verdict is the same,
+  and the pass-rate reward keeps counting the inputs after it);
+- a solution that does not load (a syntax error, an exception, loading past the group's budget)
+  ends the program: every test then fails with that outcome;
+- in 'call' mode the solution's stdin, stdout and stderr are a sink (printing is free, reading
+  fails), and for candidates (`guard`) what EvalPlus's reliability guard disables is disabled
+  (file removal, `open`, process creation and signalling, `os.chdir`/`getcwd`, ...), after
+  loading the modules EvalPlus's own process has loaded where the solution imports them.
 
 Modes: 'call' (function on each input), 'method' (LeetCode's Solution().name(*args)), 'stdio'
 (the whole program per stdin text), 'check' (HumanEval's check(candidate)), 'script' (a test
@@ -27,13 +30,10 @@ compares sets), {"i", "t", "exc": exception type name} (a time-out is "Timeout")
 import functools
 import inspect
 import json
-import logging
 import re
 
 from benchmarks import code_values
 from benchmarks.sandbox import ProgramResult
-
-log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.jsonl"
 # An output whose JSON form is longer than this comes back as the digest of its equality form

@@ -16,7 +16,6 @@ reported as "LiveCodeBench v5" (279 problems).
 import base64
 import io
 import json
-import logging
 import pickle
 import zlib
 from pathlib import Path
@@ -27,7 +26,6 @@ from benchmarks.code_rows import Rows, hub_rows, read_json_lines, to_problems
 from benchmarks.registry import Problem
 from meds_cli.errors import UserError
 
-log = logging.getLogger(__name__)
 
 _FILES = {
     "humanevalplus": "humanevalplus/HumanEvalPlus.jsonl.gz",

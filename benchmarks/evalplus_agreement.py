@@ -188,10 +188,10 @@ def _passed(status: str | None) -> bool:
 
 
 def agreement(candidates: Sequence[Candidate], ours: Sequence[dict], theirs: Sequence[dict]) -> dict:
-    """Agreement of base, plus and overall (base and plus) verdicts, with the disagreements;
-    candidates of KNOWN_EVALPLUS_BUGS problems are left out."""
+    """How many base verdicts, plus verdicts, both, and "correct" verdicts (base and plus passed,
+    what pass@k counts) agree, with the disagreements; KNOWN_EVALPLUS_BUGS problems left out."""
     compared, disagreements = 0, []
-    same = {"base": 0, "plus": 0, "both": 0}
+    same = {"base": 0, "plus": 0, "both": 0, "correct": 0}
     for candidate, mine, reference in zip(candidates, ours, theirs):
         if candidate.problem_id in KNOWN_EVALPLUS_BUGS:
             continue
@@ -201,6 +201,8 @@ def agreement(candidates: Sequence[Candidate], ours: Sequence[dict], theirs: Seq
         same["base"] += base_same
         same["plus"] += plus_same
         same["both"] += base_same and plus_same
+        same["correct"] += (_passed(mine["base"]) and _passed(mine["plus"])) == (
+            _passed(reference["base"]) and _passed(reference["plus"]))
         if not (base_same and plus_same):
             disagreements.append({"problem": candidate.problem_id, "variant": candidate.variant,
                                   "ours": mine, "evalplus": reference})  # fmt: skip
