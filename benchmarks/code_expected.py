@@ -39,6 +39,10 @@ class Expected:
     outputs: list  # decoded expected values, one per base+plus input (None where skipped)
     seconds: list  # the canonical solution's time on each input (0.0 where skipped)
     skipped: frozenset[int] = frozenset()  # inputs left out: no usable canonical output
+    # The canonical program's time beyond its calls: loading, and encoding its outputs (seconds
+    # for outputs of millions of items). A candidate's program is given as much on top of its
+    # groups' budgets, which do not count the encoding (code_harness).
+    overhead_s: float = 0.0
 
     def kept(self, indices: range) -> list[int]:
         return [index for index in indices if index not in self.skipped]
@@ -116,7 +120,7 @@ def _from_canonical_run(problem: Problem, result) -> Expected:
         why = first.get("exc", "output too big") if first else result.outcome
         log.warning("%s: %d test input(s) left out: the canonical solution gave no usable output "
                     "(first: input %d, %s)", problem.id, len(skipped), min(skipped), why)  # fmt: skip
-    return Expected(outputs, seconds, frozenset(skipped))
+    return Expected(outputs, seconds, frozenset(skipped), max(0.0, result.duration_s - sum(seconds)))
 
 
 def ensure_expected(problems: Sequence[Problem]) -> None:

@@ -99,6 +99,18 @@ def test_humaneval_check_tests():
     assert verdicts[0].detail["plus_passed"] is None
 
 
+def test_digested_outputs_compare_as_equal_values_do():
+    from benchmarks.code_values import Opaque, Unequal, digest
+
+    as_digest = Opaque("digest", digest(list(range(5))))
+    assert cb._comparable(list(range(5)), as_digest) == as_digest  # the output digested to meet it
+    assert cb._comparable([float(i) for i in range(5)], as_digest) == as_digest
+    assert cb._comparable(as_digest, [0.0, 1.0, 2.0, 3.0, 4.0]) == [0.0, 1.0, 2.0, 3.0, 4.0]  # equal: stands for it
+    assert cb._comparable(as_digest, [0, 1]) is as_digest
+    assert cb._comparable([float("nan")], as_digest) != as_digest
+    assert isinstance(cb._comparable([float("nan")], Unequal()), Unequal)
+
+
 def wrapped(problem, body: str) -> str:
     """The canonical solution behind a wrapper that returns `body` computed from its output."""
     entry_point = problem.answer["entry_point"]

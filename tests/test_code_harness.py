@@ -74,6 +74,8 @@ def test_long_outputs_come_back_as_the_digest_of_their_equality_form():
     size = DIGEST_OVER // 4
     _, records = run("def f(n):\n    return [float(i) for i in range(n)]\n", [([[size]], None, None)])
     assert records[0]["ok"] == {"$": "digest", "v": digest(list(range(size)))}
+    _, records = run("def f(n):\n    return ['x' * n] * 8\n", [([[DIGEST_OVER // 4]], None, None)])
+    assert records[0]["ok"] == {"$": "digest", "v": digest(["x" * (DIGEST_OVER // 4)] * 8)}  # few items, long
 
 
 @pytest.mark.parametrize("solution, outcome", [("def f(x)\n    return x\n", "SyntaxError"),
