@@ -14,10 +14,7 @@ from benchmarks.evalplus_agreement import (
 )  # fmt: skip
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-pytestmark = [
-    pytest.mark.skipif(not (DATA / "mbppplus").is_dir(), reason="needs ../shared/data"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-]
+pytestmark = pytest.mark.skipif(not (DATA / "mbppplus").is_dir(), reason="needs ../shared/data")
 LOADERS = {"humanevalplus": code_loaders.load_humanevalplus, "mbppplus": code_loaders.load_mbppplus}
 
 
