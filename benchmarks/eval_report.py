@@ -37,6 +37,12 @@ def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
     return ks if len(ks) <= limit else ks[: limit - 1] + ks[-1:]
 
 
+def _problems_cell(scores: dict) -> str:
+    """The problem count, and the known row count where the data had another one."""
+    rows = scores.get("rows")
+    return f"{scores['problems']} [red](expected {rows['expected']})[/]" if rows else str(scores["problems"])
+
+
 def score_table(document: dict, title: str | None = None) -> Table:
     """One row per benchmark plus the average: pass@k (%), maj@k at the largest k, length, truncation."""
     rows = list(document["benchmarks"].items())
@@ -58,7 +64,7 @@ def score_table(document: dict, title: str | None = None) -> Table:
     for name, scores in entries:
         maj = (scores.get("maj@k") or {}).get(top)
         table.add_row(
-            f"[bold]{name}[/]" if name == "average" else name, str(scores["problems"]),
+            f"[bold]{name}[/]" if name == "average" else name, _problems_cell(scores),
             *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
             f"{scores['mean_response_length']:.0f}", _pct(scores["truncated_share"]), str(scores["timeouts"]),
         )

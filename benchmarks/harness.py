@@ -32,6 +32,7 @@ from benchmarks.answer_extraction import answer_key
 from benchmarks.generation import Backend, Generated, Request
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
+from benchmarks.code_rows import row_count_mismatch
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
 from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, rewrite_rows
@@ -368,6 +369,8 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
         scores[benchmark.name] = score_benchmark(benchmark.kind, per_problem, settings.ks)
         if getattr(problems, "data", None):  # what the loader found in the data: skipped rows, a row count off
             scores[benchmark.name]["data"] = problems.data
+        if mismatch := row_count_mismatch(problems):  # reported with the scores, not mixed in silently
+            scores[benchmark.name]["rows"] = mismatch
     timing.total_s = time.perf_counter() - start
     return EvalOutcome(scores, average_scores(scores), asdict(timing), store.path,
                        {b.name: len(p) for b, p in suites})

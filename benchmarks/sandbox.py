@@ -105,9 +105,14 @@ def _disable_sockets() -> None:
 
 def _write_status(text: str) -> None:
     try:
-        with open(_STATUS_ABSPATH, "a") as status:
-            status.write(text + "\n")
-    except OSError:
+        # os.open and os.write held from the start: the program may have disabled open()
+        # and co. (the code graders do, as EvalPlus does) before it fails.
+        fd = _OS_OPEN(_STATUS_ABSPATH, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            _OS_WRITE(fd, (text + "\n").encode())
+        finally:
+            _OS_CLOSE(fd)
+    except (OSError, TypeError):
         pass  # a full disk or a program that deleted its dir loses the detail, not the run
 
 
@@ -188,6 +193,7 @@ def _launch(config: dict) -> None:
 
 
 _STATUS_ABSPATH = _STATUS_FILE
+_OS_OPEN, _OS_WRITE, _OS_CLOSE = os.open, os.write, os.close
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 def synthetic_step(rng, prompts: int, group: int, layers: int, modes: np.ndarray):
     """A Rollouts of `prompts` groups with features around each prompt's modes, and verdicts."""
     from algorithms.meds import FEATURES
-    from benchmarks.registry import Problem, Verdict
+    from meds_cli.core.records import Problem, Verdict
     from meds_cli.engine.rollout import Rollouts
 
     size = prompts * group

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import code_benchmarks  # noqa: E402
+from benchmarks import code_benchmarks, code_loaders  # noqa: E402
 from benchmarks.sandbox import isolation_mode, run_many, Job, run_program  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def trivial_throughput(workers: int, count: int) -> None:
 
 
 def humanevalplus_throughput(data_dir: Path, limit: int | None) -> None:
-    problems = code_benchmarks.load_humanevalplus(data_dir, limit)
+    problems = code_loaders.load_humanevalplus(data_dir, limit)
     tests = sum(p.answer["n_base"] + p.answer["n_plus"] for p in problems)
     start = time.perf_counter()
     code_benchmarks.ensure_expected(problems)
