@@ -43,7 +43,7 @@ from tests.conftest import TINY_COPY
     ("eval.every=-1", "eval.every must be at least 0"),
     ("eval.temperature=-0.5", "eval.temperature must be a finite number at least 0"),
     ("task.train_size=0", "task.train_size must be at least 1"),
-    ("task.eval_size=0", "task.eval_size must be at least 1"),
+    ("task.eval_size=-1", "task.eval_size must be at least 0"),
     ("model.lora.rank=0", "model.lora.rank must be at least 1, got 0"),
     ("model.lora.alpha=0", "model.lora.alpha must be greater than 0"),
     ("model.lora.dropout=1", "model.lora.dropout must be in [0, 1)"),

@@ -72,7 +72,7 @@ class TaskConfig:
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
     train_size: int = doc(2000, "arithmetic: number of training problems", at_least(1))
-    eval_size: int = doc(64, "held-out problems for evaluation", at_least(1))
+    eval_size: int = doc(64, "held-out problems for evaluation (0: every problem is trained on)", at_least(0))
     answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
     code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, or the share of tests passed")
 
