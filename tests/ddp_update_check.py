@@ -41,6 +41,7 @@ def main(out: Path) -> None:
         weights = {n: p.detach().cpu().contiguous() for n, p in trainer.unwrapped.named_parameters() if p.requires_grad}
         save_file(weights, str(out / "weights.safetensors"))
         (out / "ratio.txt").write_text(str(stats["ratio_mean"]))
+        (out / "world.txt").write_text(str(trainer.world))
 
 
 if __name__ == "__main__":

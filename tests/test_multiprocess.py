@@ -1,33 +1,19 @@
 """Two processes under `accelerate launch` (CPU, gloo) make the same update as one process
 with the same global batch."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.cpu_launch import ROOT, launch_cpu
 
 
 def launch(processes: int, out: Path) -> dict:
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(ROOT / "tests" / "ddp_update_check.py"), str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    launch_cpu(processes, [str(ROOT / "tests" / "ddp_update_check.py"), str(out)])
+    assert int((out / "world.txt").read_text()) == processes  # really that many processes
     return load_file(str(out / "weights.safetensors"))
 
 
