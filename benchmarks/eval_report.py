@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"

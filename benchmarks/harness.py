@@ -1,7 +1,7 @@
 """The evaluation loop of `meds eval`: n samples per problem, graded, scored, resumable.
 
 For every benchmark: load the problems, draw n samples per problem with a generation backend
-(benchmarks.eval_backends), grade them with the benchmark's own grade function, append every
+(the interface of benchmarks/generation.py), grade them with the benchmark's own grade function, append every
 sample to `samples.jsonl`, and score with the unbiased pass@k and maj@k of benchmarks.passk
 (Chen et al. 2021; Wang et al. 2022) for k = 1, 2, 4, ... up to --k.
 
@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 from benchmarks.answer_extraction import answer_key
-from benchmarks.eval_backends import Backend, Generated, Request
+from benchmarks.generation import Backend, Generated, Request
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
-from benchmarks.registry import Benchmark, Problem
-from meds_cli.errors import UserError
+from benchmarks.registry import Benchmark
+from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
 
 SAMPLES_FILE = "samples.jsonl"
 STATE_FILE = "eval_state.json"

@@ -19,8 +19,9 @@ from typing import Callable, Sequence
 
 from benchmarks.answer_extraction import last_boxed
 from benchmarks.math_grading import shared_grader
-from benchmarks.registry import BENCHMARKS, Benchmark, Problem, Verdict
-from meds_cli.errors import UserError
+from benchmarks.registry import BENCHMARKS, Benchmark
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 def _read_hub(source: _Source) -> list[dict]:
     import datasets
 
-    from meds_cli.hub import offline_unless_reachable
+    from meds_cli.core.hub import offline_unless_reachable
 
     offline_unless_reachable()  # fail at once rather than after a minute of retries
 
@@ -212,7 +213,7 @@ def load_math_source(source: str | Path) -> list[Problem]:
         return load_math_file(path)
     import datasets
 
-    from meds_cli.hub import offline_unless_reachable
+    from meds_cli.core.hub import offline_unless_reachable
 
     offline_unless_reachable()  # fail at once rather than after a minute of retries
 

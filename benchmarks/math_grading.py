@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
 from benchmarks.answer_extraction import extract_answer, integer_literal_value, number_literal_value
-from benchmarks.registry import Verdict
+from meds_cli.core.records import Verdict
 
 OUTCOMES = ("correct", "wrong", "no_answer", "timeout")
 # How long a fresh worker may take to import math-verify and SymPy before the pool gives up.

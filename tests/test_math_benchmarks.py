@@ -8,7 +8,7 @@ import pytest
 import benchmarks.math_benchmarks as math_benchmarks
 from benchmarks.answer_extraction import number_literal_value
 from benchmarks.registry import BENCHMARKS
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 DATA = Path("/work/shared/data")
 ROWS = {

@@ -3,8 +3,8 @@
 import pytest
 
 from benchmarks.tasks import PromptSampler, build_task, grade_integer
-from meds_cli.config import TaskConfig
-from meds_cli.errors import UserError
+from meds_cli.engine.config import TaskConfig, load_config
+from meds_cli.core.errors import UserError
 
 
 def test_arithmetic_splits_are_seeded_and_disjoint():
@@ -22,7 +22,7 @@ def test_arithmetic_splits_are_seeded_and_disjoint():
 
 def test_arithmetic_rejects_unknown_operations():
     with pytest.raises(UserError, match="add, sub, mul"):
-        build_task(TaskConfig(operations=["pow"]), 0)
+        load_config(overrides=["task.operations=[pow]"])
 
 
 @pytest.mark.parametrize("response, gold, fmt, correct", [
