@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from meds_cli.config import LoraConfig
+from meds_cli.engine.config import LoraConfig
 from meds_cli.engine import sharding
-from meds_cli.errors import UserError
-from meds_cli.model import apply_lora
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model import apply_lora
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.cpu_launch import ROOT, launch_cpu
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 SHARDINGS = ["none", "fsdp2"]
 
