@@ -41,11 +41,10 @@ def prepare_run(config_files, overrides, shortcuts, resume: Path | None) -> tupl
 
 def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), quiet=False) -> int:
     cfg, run_dir, checkpoint = prepare_run(config_files, overrides, shortcuts, resume)
-    from accelerate import Accelerator
-
+    from meds_cli.engine.sharding import make_accelerator
     from meds_cli.engine.trainer import Trainer
 
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    accelerator = make_accelerator(cfg.train)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     created = checkpoint is None and not run_dir.exists()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine import runs
+from meds_cli.engine import runs, sharding
 
 
 def save_checkpoint(trainer) -> Path:
@@ -25,16 +25,19 @@ def save_checkpoint(trainer) -> Path:
     acc = trainer.acc
     acc.wait_for_everyone()
     tmp = runs.temporary_checkpoint_dir(trainer.run_dir, trainer.step)  # every rank writes its RNG and algorithm state there
+    model = trainer.unwrapped
+    # Every process: under FSDP2 the full tensors are gathered from the shards (engine/sharding.py).
+    trainable = sharding.trainable_state(model, trainer.sharded, main=acc.is_main_process)
+    optimizer_state = sharding.optimizer_state(model, trainer.optimizer, trainer.sharded, main=acc.is_main_process)
     if acc.is_main_process:
         runs.begin_checkpoint(trainer.run_dir, trainer.step)
-        model = trainer.unwrapped
-        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         save_file(trainable, str(tmp / "weights.safetensors"))
         if hasattr(model, "peft_config"):
-            model.save_pretrained(str(tmp / "adapter"))
-        torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
+            model.save_pretrained(str(tmp / "adapter"), state_dict=trainable)
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
         state = {"step": trainer.step, "sampler_position": trainer.sampler.position, "world_size": trainer.world,
+                 "sharding": "fsdp2" if trainer.sharded is not None else "none",
                  "model": trainer.cfg.model.name, "algorithm": trainer.cfg.algo.name}
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     acc.wait_for_everyone()
@@ -55,12 +58,15 @@ def load_checkpoint(trainer, path: Path) -> None:
     state = json.loads((path / "state.json").read_text())
     if state.get("world_size", 1) != trainer.world:
         raise UserError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume it with the same number")
+    sharded = "fsdp2" if trainer.sharded is not None else "none"
+    if state.get("sharding", "none") != sharded:
+        raise UserError(f"checkpoint {path} was written with train.sharding={state.get('sharding')}; resume it with the same")
     weights = load_file(str(path / "weights.safetensors"))
-    missing = trainer.unwrapped.load_state_dict(weights, strict=False)
-    unexpected = [k for k in missing.unexpected_keys]
+    unexpected = sharding.load_trainable_state(trainer.unwrapped, trainer.sharded, weights)
     if unexpected:
         raise UserError(f"checkpoint {path} does not match this model (unexpected weights such as {unexpected[0]})")
-    trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    sharding.load_optimizer_state(trainer.unwrapped, trainer.optimizer, trainer.sharded,
+                                  torch.load(path / "optimizer.pt", weights_only=False))
     trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = torch.load(path / f"rng_{trainer.rank}.pt", weights_only=False)
     random.setstate(rng["python"])

@@ -23,6 +23,9 @@ from algorithms import ALGORITHMS
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import at_least, choice, doc, require, validate_section
+from meds_cli.engine.precision import MIXED_PRECISION
+from meds_cli.engine.scoring import SCORING_SETTINGS
+from meds_cli.engine.sharding import SHARDINGS
 
 
 @dataclass
@@ -95,7 +98,16 @@ class TrainConfig:
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)")
     micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
-    mixed_precision: str = choice("no", ["no", "bf16", "fp16"], "Accelerate mixed precision")
+    mixed_precision: str = choice("auto", MIXED_PRECISION, "autocast: auto = the `accelerate launch` value, else "
+                                  "bf16 on a GPU, no on CPU; weights stay in model.dtype")
+    gradient_checkpointing: bool = doc(False, "recompute each decoder layer in the backward pass: activation memory "
+                                       "of one layer instead of all, about a third more compute (works with LoRA)")
+    sharding: str = choice("none", SHARDINGS, "none: DDP over several processes; fsdp2: parameters, gradients and "
+                           "optimizer state split over processes (torch fully_shard)")
+    logprob_chunk_tokens: int = doc(1024, "tokens whose logits [n, vocab] exist at once when log-probs are taken",
+                                    at_least(1))
+    scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
+                               "own forward gives the same old log-probs; always: run it")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end)")
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
     runs_root: str = doc("runs", "where new run folders are created")

@@ -34,6 +34,16 @@ SHARDINGS = ["none", "fsdp2"]
 # ---------------------------------------------------------------- which setups the loop accepts
 
 
+def make_accelerator(train_cfg):
+    """The run's Accelerator: mixed precision from the config when set, else from the launch
+    (engine/precision.py); the setup is checked by the trainer (check_distributed_setup)."""
+    from accelerate import Accelerator
+
+    from meds_cli.engine.precision import resolve_mixed_precision
+
+    return Accelerator(mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision))
+
+
 def check_distributed_setup(accelerator, sharding: str) -> None:
     """Refuse Accelerate setups the loop would run wrongly, in one line each."""
     from accelerate.utils import DistributedType
@@ -196,6 +206,41 @@ def load_full_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
 
     state = {**state, "state": {k: dict(v) for k, v in state["state"].items()}}  # torch edits what it loads
     set_optimizer_state_dict(model, _inner(optimizer), state, options=StateDictOptions(full_state_dict=True))
+
+
+def trainable_state(model: nn.Module, sharded: Sharded | None, *, main: bool) -> dict[str, torch.Tensor]:
+    """The trainable weights as full CPU tensors keyed like model.named_parameters() (`model`
+    unwrapped of DDP), on the main process (empty elsewhere). Every process calls it: under FSDP2
+    it is a collective."""
+    if sharded is not None:
+        return full_state(model)
+    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad} if main else {}
+
+
+def optimizer_state(model: nn.Module, optimizer, sharded: Sharded | None, *, main: bool) -> dict:
+    """What to save of the optimizer: its own state_dict, or under FSDP2 the full name-keyed state;
+    on the main process (every process calls it)."""
+    if sharded is not None:
+        return full_optimizer_state(model, optimizer)
+    return optimizer.state_dict() if main else {}
+
+
+def load_trainable_state(model: nn.Module, sharded: Sharded | None, weights: dict[str, torch.Tensor]) -> list[str]:
+    """Load saved trainable weights; returns the names this model does not have (nothing loaded then)."""
+    if sharded is None:
+        return list(model.load_state_dict(weights, strict=False).unexpected_keys)
+    names = {n for n, _ in model.named_parameters()}
+    unexpected = [k for k in weights if k not in names]
+    if not unexpected:
+        load_full_state(model, weights)
+    return unexpected
+
+
+def load_optimizer_state(model: nn.Module, optimizer, sharded: Sharded | None, state: dict) -> None:
+    if sharded is not None:
+        load_full_optimizer_state(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
 
 
 def _inner(optimizer):
