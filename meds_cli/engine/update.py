@@ -41,10 +41,13 @@ def enable_gradient_checkpointing(model) -> None:
     embeddings produce no gradient, so their output is made to require one: the checkpointed
     layers then still have a gradient path to the adapter weights inside them."""
     lm = sharding.causal_lm(model)
-    lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    settings = {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers 5: makes input embeddings require grad itself
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=settings)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=settings)
+        lm.enable_input_require_grads()
     lm.config.use_cache = False
-    if hasattr(model, "peft_config"):
-        model.enable_input_require_grads()
 
 
 def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None]) -> Policy:
