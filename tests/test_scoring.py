@@ -137,3 +137,13 @@ def test_dynamic_sampling_scores_only_the_groups_that_train(tmp_path, monkeypatc
     rows = Trainer(cfg, tmp_path).train()
     assert scored == [row["groups_trained"] for row in rows if row["groups_trained"] > 0]
     assert any(row["groups_sampled"] > row["groups_trained"] for row in rows)  # some groups were dropped unscored
+
+
+def test_scoring_runs_in_the_precision_of_the_update(tmp_path):
+    """Under bf16 autocast the scoring pass computes as the update does: an unchanged policy has
+    ratio exactly 1 on its first optimizer step (fp32 scoring against a bf16 update would not)."""
+    cfg = tiny_config("algo.name=grpo", "train.mixed_precision=bf16", "train.scoring_pass=always", "train.steps=1")
+    trainer = Trainer(cfg, tmp_path)
+    assert trainer.acc.mixed_precision == "bf16" and trainer.scoring == "trained"
+    row = trainer.train_step()
+    assert row["ratio_mean"] == 1.0 and row["ppo_kl"] == 0.0

@@ -187,6 +187,8 @@ def _coerce(value: Any, tp, key: str):
             pass
     if tp is Any:
         return value
+    if tp is str and isinstance(value, bool):  # YAML 1.1 reads a bare no / yes as a boolean
+        return "yes" if value else "no"
     if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     raise UserError(f"config key '{key}' has value {value!r}; expected {_type_name(tp)}")

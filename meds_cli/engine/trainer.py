@@ -128,12 +128,13 @@ class Trainer:
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()
-        score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
-                       temperature=scoring_temperature(cfg.rollout.temperature),
-                       chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
-                       observe=lambda view: algo.observe_forward(batch, view),
-                       disable_adapter=reference_context(model) if algo.uses_reference else None,
-                       tokenizer=self.tokenizer)
+        with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
+            score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
+                           temperature=scoring_temperature(cfg.rollout.temperature),
+                           chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
+                           observe=lambda view: algo.observe_forward(batch, view),
+                           disable_adapter=reference_context(model) if algo.uses_reference else None,
+                           tokenizer=self.tokenizer)
         timing["time_score_s"] += time.perf_counter() - t0
 
     def _any_process(self, flag: bool) -> bool:
