@@ -32,3 +32,11 @@ def test_low_precision_parameters_are_warned_about():
     assert low_precision_training_warning([*frozen.parameters(), *fp32.parameters()]) is None
     both = [*bf16.parameters(), *torch.nn.Linear(2, 2).half().parameters()]
     assert "bfloat16/float16" in low_precision_training_warning(both)
+
+
+def test_no_from_yaml_is_the_word_no():
+    """YAML 1.1 reads a bare `no` as false; train.mixed_precision=no still means no autocast."""
+    from meds_cli.engine.config import load_config
+
+    assert load_config(overrides=["train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert load_config().train.mixed_precision == "auto"
