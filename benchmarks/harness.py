@@ -341,6 +341,8 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     for benchmark, problems in suites:
         per_problem = [store.existing(benchmark.name, p.id)[:n] for p in problems]
         scores[benchmark.name] = score_benchmark(benchmark.kind, per_problem, settings.ks)
+        if getattr(problems, "data", None):  # what the loader found in the data: skipped rows, a row count off
+            scores[benchmark.name]["data"] = problems.data
     timing.total_s = time.perf_counter() - start
     return EvalOutcome(scores, average_scores(scores), asdict(timing), store.path,
                        {b.name: len(p) for b, p in suites})

@@ -13,6 +13,16 @@ from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.registry import Registry
 
 
+class ProblemSet(list):
+    """A benchmark's problems as `Benchmark.load` returns them, with `data`: what the loader found
+    in its source (where from, rows skipped and why, the row count against the known one), which
+    the eval report shows beside the scores. A plain list of problems works as well."""
+
+    def __init__(self, problems=(), data: dict | None = None):
+        super().__init__(problems)
+        self.data = data or {}
+
+
 @dataclass
 class Benchmark:
     name: str
