@@ -74,6 +74,7 @@ def test_which_rows_are_scored(needed_by, reference, steps, setting, expected):
     assert scoring_pass(needed_by, uses_reference=reference, optimizer_steps_per_batch=steps, setting=setting) == expected
 
 
+@pytest.mark.filterwarnings("ignore:rlif-multireward")
 def test_algorithms_say_when_they_read_the_forward_pass():
     from meds_cli.engine.algorithm_setup import build_algorithm
 
@@ -139,7 +140,17 @@ def test_dynamic_sampling_scores_only_the_groups_that_train(tmp_path, monkeypatc
     assert any(row["groups_sampled"] > row["groups_trained"] for row in rows)  # some groups were dropped unscored
 
 
-def test_scoring_runs_in_the_precision_of_the_update(tmp_path):
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps one state per process and refuses a second mixed-precision setting."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def test_scoring_runs_in_the_precision_of_the_update(tmp_path, fresh_accelerate_state):
     """Under bf16 autocast the scoring pass computes as the update does: an unchanged policy has
     ratio exactly 1 on its first optimizer step (fp32 scoring against a bf16 update would not)."""
     cfg = tiny_config("algo.name=grpo", "train.mixed_precision=bf16", "train.scoring_pass=always", "train.steps=1")
