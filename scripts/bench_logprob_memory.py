@@ -94,13 +94,15 @@ def measure(variant: str, batch: int, length: int, vocab: int, hidden_size: int,
             old_logp, entropy = stats(h, t)
         logp, _ = stats(h, t)  # the loss: forward with autograd, then backward
         ratio = torch.exp(logp - old_logp)
-        loss = -(advantages * ratio * mask[:, :t.shape[1]]).sum() / mask[:, :t.shape[1]].sum()
+        rows = slice(0, t.shape[0])
+        loss = -(advantages[rows] * ratio * mask[rows, :t.shape[1]]).sum() / mask[rows, :t.shape[1]].sum()
         loss.backward()
         return loss.detach(), entropy
 
-    # A first pass on two tokens loads the code paths: pages of libtorch touched for the first
-    # time count in the resident set and would otherwise be charged to the measured pass.
-    scoring_and_loss(hidden[:, :2].detach().requires_grad_(), tokens[:, :2])
+    # A first pass just over one chunk long loads the code paths: pages of libtorch touched for
+    # the first time count in the resident set and would otherwise be charged to the measured pass.
+    warm = min(length, chunk_tokens + 1)
+    scoring_and_loss(hidden[:1, :warm].detach().requires_grad_(), tokens[:1, :warm])
     head.zero_grad(set_to_none=True)
     gc.collect()
     exact = _reset_peak()

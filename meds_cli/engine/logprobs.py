@@ -7,7 +7,7 @@ the positions are flattened and cut into chunks of `chunk_tokens`; each chunk's 
 while that chunk is reduced to its two numbers per token. Under autograd every chunk runs inside
 an activation checkpoint, so the backward pass recomputes one chunk's logits at a time instead
 of keeping all of them: the peak is a few chunks' logits, not a few [b, R, V] tensors, for one
-extra head matmul per position.
+extra head matmul per position (none when everything fits in one chunk).
 
 Both quantities are taken at the sampling temperature T: softmax(logits / T) is the distribution
 the rollout engine sampled from, so the ratio, the KL and the entropy refer to it (verl scales
@@ -65,7 +65,10 @@ def token_logprobs_and_entropy(hidden: torch.Tensor, head: Callable[[torch.Tenso
     if mask is not None:
         keep = mask.reshape(b * r).nonzero().squeeze(-1).to(hidden.device)
         flat_hidden, flat_tokens = flat_hidden.index_select(0, keep), flat_tokens.index_select(0, keep)
-    grad = torch.is_grad_enabled() and (flat_hidden.requires_grad or any(
+    # One chunk is kept for the backward pass anyway: recomputing it would cost a head matmul and
+    # save nothing, so only several chunks go through activation checkpoints.
+    several = flat_tokens.shape[0] > chunk_tokens
+    grad = several and torch.is_grad_enabled() and (flat_hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
     logps, entropies = [], []
     for start in range(0, flat_tokens.shape[0], chunk_tokens):
