@@ -99,6 +99,21 @@ class Algorithm:
                               "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
 
     # -- sampling forward pass
+    #: The first hook of this class that reads what observe_forward saw: None (none does),
+    #: "rewards" (reward_components or keep_groups) or "shaping" (shape_rewards or later).
+    reads_forward_view: str | None = None
+
+    def forward_view_needed_by(self) -> str | None:
+        """When the trainer's scoring pass must have run: "rewards" (before the keep decision, on
+        every sampled group), "shaping" (on the groups that train) or None (the update's own
+        forward may stand in for it)."""
+        return self._own_forward_view_need(Algorithm.observe_forward)
+
+    def _own_forward_view_need(self, inherited_observe) -> str | None:
+        if self.reads_forward_view is None and type(self).observe_forward is not inherited_observe:
+            return "rewards"  # an observe_forward that does not say when it is read: assume the earliest
+        return self.reads_forward_view
+
     @property
     def wants_hidden_states(self) -> bool:
         return False
@@ -190,6 +205,10 @@ class OnBase(Algorithm):
 
     def observe_forward(self, rollouts, view):
         self.base.observe_forward(rollouts, view)
+
+    def forward_view_needed_by(self):
+        needs = {self._own_forward_view_need(OnBase.observe_forward), self.base.forward_view_needed_by()}
+        return "rewards" if "rewards" in needs else "shaping" if "shaping" in needs else None
 
     def reward_components(self, rollouts):
         return self.base.reward_components(rollouts)

@@ -111,6 +111,7 @@ class StepState:
 @register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
 class MEDS(OnBase):
     config_class = MEDSConfig
+    reads_forward_view = "shaping"  # features of the responses that train
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)

@@ -126,7 +126,7 @@ class SemanticFeatures(FeatureBuilder):
     needs_hidden_states = False
 
     def __call__(self, rollouts, view, start, stop):
-        device = str(view.logits.device) if view.logits is not None else None
+        device = str(view.device) if view.device is not None else None
         encoder = load_encoder(self.config.embedding_model, device)
         texts = list(rollouts.response_texts[start:stop])
         values = encoder.encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)

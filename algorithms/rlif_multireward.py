@@ -93,6 +93,7 @@ def read_answer(text: str, mode: str) -> str | None:
 @register("rlif-multireward", "label-free: cluster voting + self-certainty, GDPO normalization, KL-Cov loss")
 class RLIFMultiReward(Algorithm):
     config_class = RLIFConfig
+    reads_forward_view = "rewards"  # self-certainty is a reward channel
 
     def __init__(self, config, context):
         super().__init__(config, context)
@@ -104,8 +105,9 @@ class RLIFMultiReward(Algorithm):
     # -- rewards: from the responses and the sampling pass only
     def observe_forward(self, rollouts, view):
         values = rollouts.extras.setdefault("self_certainty", torch.zeros(rollouts.size))
-        mask = rollouts.response_mask[view.rows].to(view.logits.device)
-        values[view.rows] = self_certainty(view.logits, mask).cpu()
+        logits = view.response_logits()
+        mask = rollouts.response_mask[view.rows].to(logits.device)
+        values[view.rows] = self_certainty(logits, mask).cpu()
 
     def reward_components(self, rollouts):
         g = rollouts.group_size

@@ -112,7 +112,8 @@ def main() -> None:
 def scoring_ab(trainer, repeats: int) -> tuple[float, float]:
     """Best-of-`repeats` time of the scoring forward pass on one sampled batch, without and with
     MEDS's part (hidden states + logit lens); interleaved so that load hits both alike."""
-    from meds_cli.engine.rollout import sample_responses, score_rollouts
+    from meds_cli.engine.rollout import sample_responses
+    from meds_cli.engine.scoring import score_rollouts
 
     cfg, algo, model = trainer.cfg, trainer.algorithm, trainer.unwrapped
     problems = [trainer.task.train[i] for i in range(cfg.rollout.prompts_per_step)]

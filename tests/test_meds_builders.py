@@ -12,7 +12,8 @@ from algorithms.meds_clusterers import (CLUSTERERS, ShuffledLabels, best_k_by_si
 from algorithms.meds_feature_builders import FEATURE_BUILDERS
 from benchmarks.tasks import build_task
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout import sample_responses, score_rollouts
+from meds_cli.engine.rollout import sample_responses
+from meds_cli.engine.scoring import score_rollouts
 from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
 

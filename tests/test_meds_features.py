@@ -8,7 +8,8 @@ from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
 from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout import _assemble, score_rollouts
+from meds_cli.engine.rollout import _assemble
+from meds_cli.engine.scoring import score_rollouts
 from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
 

@@ -67,12 +67,10 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
-    from accelerate import Accelerator
-
+    from meds_cli.engine.sharding import make_accelerator
     from meds_cli.engine.trackers import accelerator_kwargs
 
-    accelerator = Accelerator(mixed_precision=plan.cfg.train.mixed_precision,
-                              **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
+    accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     run_dir = plan.run_dir

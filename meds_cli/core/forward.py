@@ -3,8 +3,8 @@ apply to hidden states (the output head, for the logit lens)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -12,14 +12,26 @@ import torch
 @dataclass
 class ForwardView:
     """What an algorithm may look at in the sampling forward pass, for rows `rows` of the batch.
-    `logits` are the response-position logits [b, R, V]; `hidden_states` the per-layer states
-    (embedding output first) over the full sequence, present when the algorithm asked for them."""
+    `response_logits()` gives the response-position logits [b, R, V] (fp32, temperature 1): the
+    scoring pass never holds them whole, so they are computed on the first call (`make_logits`)
+    and kept for the view's lifetime; `hidden_states` the per-layer states (embedding output
+    first) over the full sequence, present when the algorithm asked for them; `device` where the
+    pass ran."""
 
     rows: slice
-    logits: torch.Tensor
-    hidden_states: tuple | None
-    model: Any
+    logits: torch.Tensor | None = None  # set when made, or given directly
+    hidden_states: tuple | None = None
+    model: Any = None
     tokenizer: Any = None
+    make_logits: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+    device: torch.device | None = None
+
+    def response_logits(self) -> torch.Tensor:
+        if self.logits is None:
+            if self.make_logits is None:
+                raise RuntimeError("this forward view carries no logits")
+            self.logits = self.make_logits()
+        return self.logits
 
 
 def output_head(model):

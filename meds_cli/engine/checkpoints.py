@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from meds_cli.core.errors import UserError, os_error
+from meds_cli.engine import sharding
 from meds_cli.engine.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
                                               temporary_path, write_manifest)
 from meds_cli.engine.state_codec import load_state, read_tensors, save_state
@@ -53,9 +54,13 @@ def save_checkpoint(trainer) -> Path:
     final = checkpoint_path(run_dir, step)
     acc.wait_for_everyone()
     try:
+        model = trainer.unwrapped
+        # Every process: under FSDP2 the full tensors are gathered from the shards (engine/sharding.py).
+        trainable = sharding.trainable_state(model, trainer.sharded, main=main)
+        optimizer_state = sharding.optimizer_state(model, trainer.optimizer, trainer.sharded, main=main)
         if main:
             begin_checkpoint(run_dir, step)
-            _write_main_files(trainer, tmp)
+            _write_main_files(trainer, tmp, trainable, optimizer_state)
         acc.wait_for_everyone()
         save_state(rng_state(), tmp, f"rng_{trainer.rank}")
         save_state(trainer.algorithm.state_dict(), tmp, f"algorithm_{trainer.rank}")
@@ -74,17 +79,17 @@ def save_checkpoint(trainer) -> Path:
     return final
 
 
-def _write_main_files(trainer, tmp: Path) -> None:
+def _write_main_files(trainer, tmp: Path, trainable: dict, optimizer_state: dict) -> None:
     from safetensors.torch import save_file
 
     model = trainer.unwrapped
-    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     save_file(trainable, str(tmp / WEIGHTS))
     if hasattr(model, "peft_config"):
-        model.save_pretrained(str(tmp / "adapter"), safe_serialization=True)
-    save_state(trainer.optimizer.state_dict(), tmp, "optimizer")
+        model.save_pretrained(str(tmp / "adapter"), state_dict=trainable, safe_serialization=True)
+    save_state(optimizer_state, tmp, "optimizer")
     save_state(trainer.scheduler.state_dict(), tmp, "scheduler")
     state = {"step": trainer.step, "sampler_position": trainer.sampler.position, "world_size": trainer.world,
+             "sharding": "fsdp2" if trainer.sharded is not None else "none",
              "model": trainer.cfg.model.name, "algorithm": trainer.cfg.algo.name}
     (tmp / STATE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -121,6 +126,10 @@ def load_checkpoint(trainer, path: Path) -> None:
     if state["world_size"] != trainer.world:
         raise UserError(f"world size changed: checkpoint {path} was written by {state['world_size']} processes, "
                         f"this run has {trainer.world}; resume it with {state['world_size']}")
+    sharded = "fsdp2" if trainer.sharded is not None else "none"
+    if state.get("sharding", "none") != sharded:
+        raise UserError(f"train.sharding changed: checkpoint {path} was written with {state.get('sharding')}, "
+                        f"this run has {sharded}; resume it with {state.get('sharding')}")
     weights = read_tensors(path / WEIGHTS)
     optimizer = load_state(path, "optimizer")
     scheduler = load_state(path, "scheduler")
@@ -129,11 +138,11 @@ def load_checkpoint(trainer, path: Path) -> None:
     model = trainer.unwrapped
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     try:
-        result = model.load_state_dict(weights, strict=False)
-        if result.unexpected_keys or trainable - set(weights):
-            odd = (result.unexpected_keys or sorted(trainable - set(weights)))[0]
-            raise ValueError(f"{'unexpected' if result.unexpected_keys else 'missing'} weight {odd}")
-        trainer.optimizer.load_state_dict(optimizer)
+        unexpected = sharding.load_trainable_state(model, trainer.sharded, weights)
+        if unexpected or trainable - set(weights):
+            odd = (unexpected or sorted(trainable - set(weights)))[0]
+            raise ValueError(f"{'unexpected' if unexpected else 'missing'} weight {odd}")
+        sharding.load_optimizer_state(model, trainer.optimizer, trainer.sharded, optimizer)
         trainer.scheduler.load_state_dict(scheduler)
         set_rng_state(rng)
         trainer.algorithm.load_state_dict(algorithm)

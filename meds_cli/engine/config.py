@@ -26,6 +26,9 @@ from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+from meds_cli.engine.precision import MIXED_PRECISION
+from meds_cli.engine.scoring import SCORING_SETTINGS
+from meds_cli.engine.sharding import SHARDINGS
 from meds_cli.engine.trackers import parse_report_to
 from meds_cli.engine.user_rewards import planned_channels
 
@@ -125,7 +128,16 @@ class TrainConfig:
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)", at_least(0))
     micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
-    mixed_precision: str = choice("no", ["no", "bf16", "fp16"], "Accelerate mixed precision")
+    mixed_precision: str = choice("auto", MIXED_PRECISION, "autocast: auto = the `accelerate launch` value, else "
+                                  "bf16 on a GPU, no on CPU; weights stay in model.dtype")
+    gradient_checkpointing: bool = doc(False, "recompute each decoder layer in the backward pass: activation memory "
+                                       "of one layer instead of all, about a third more compute (works with LoRA)")
+    sharding: str = choice("none", SHARDINGS, "none: DDP over several processes; fsdp2: parameters, gradients and "
+                           "optimizer state split over processes (torch fully_shard)")
+    logprob_chunk_tokens: int = doc(1024, "tokens whose logits [n, vocab] exist at once when log-probs are taken",
+                                    at_least(1))
+    scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
+                               "own forward gives the same old log-probs; always: run it")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)", at_least(0))
     keep_checkpoints: int = doc(3, "complete checkpoints kept, the newest ones (0: all); the newest is never deleted", at_least(0))
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
@@ -212,6 +224,8 @@ def _coerce(value: Any, tp, key: str):
             pass
     if tp is Any:
         return value
+    if tp is str and isinstance(value, bool):  # YAML 1.1 reads a bare no / yes as a boolean
+        return "yes" if value else "no"
     if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     raise UserError(f"config key '{key}' has value {value!r}; expected {_type_name(tp)}")

@@ -26,7 +26,6 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     if rollouts.size == 0:
         return {}
     lengths = rollouts.response_lengths.float()
-    mask = rollouts.response_mask
     metrics = {
         "reward": rollouts.rewards.mean().item(),
         "accuracy": sum(v.correct for v in rollouts.verdicts) / rollouts.size,
@@ -37,12 +36,19 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     }
     for name, values in rollouts.reward_components.items():
         metrics[f"reward/{name}"] = values.float().mean().item()
-    if rollouts.entropy is not None:
-        metrics["entropy"] = ((rollouts.entropy * mask).sum() / mask.sum().clamp(min=1)).item()
     distinct, distinct_wrong = distinct_answers(rollouts)
     metrics["distinct_answers_per_group"] = distinct
     metrics["distinct_wrong_answers_per_group"] = distinct_wrong
     return metrics
+
+
+def trained_metrics(batch: Rollouts) -> dict[str, float]:
+    """Metrics of the responses that trained: the policy's mean entropy over their tokens (at the
+    sampling temperature), from the scoring pass or the update's own forward."""
+    if batch.entropy is None:
+        return {}
+    mask = batch.response_mask
+    return {"entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
 
 
 def mean_of(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:

@@ -1,14 +1,11 @@
-"""Generation and scoring of rollouts: batched HF generate, and the no-grad forward pass that
-fills old log-probs, entropy and reference log-probs (the batch layout is in meds_cli/core/rollouts.py).
+"""Generation of rollouts: batched HF generate (the batch layout is in meds_cli/core/rollouts.py;
+the forward pass that scores them is in meds_cli/engine/scoring.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from meds_cli.core.forward import ForwardView
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 
@@ -83,52 +80,3 @@ def _assemble(tokenizer, prompt_ids, prompt_mask, responses, problems, group_siz
         prompt_width=prompt_ids.shape[1], response_ids=response_ids, response_mask=response_mask,
         response_texts=texts, truncated=torch.tensor(truncated),
     )
-
-
-# ---------------------------------------------------------------- scoring forward pass
-
-
-def response_forward(model, input_ids, attention_mask, prompt_width: int, *, hidden_states: bool = False):
-    """Forward pass returning response-position logits [b, R, V] (fp32) and optionally all hidden states."""
-    width = input_ids.shape[1] - prompt_width
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-                output_hidden_states=hidden_states, use_cache=False, logits_to_keep=width + 1)
-    logits = out.logits[:, :-1].float()  # position Lp-1+j predicts response token j
-    return logits, (out.hidden_states if hidden_states else None)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token], without materialising the full log-softmax twice."""
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-@torch.no_grad()
-def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_reference: bool,
-                   wants_hidden_states: bool = False, observe: Callable[[ForwardView], None] | None = None,
-                   disable_adapter=None, tokenizer=None) -> None:
-    """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`."""
-    old, ent, ref = [], [], []
-    device = next(model.parameters()).device
-    for start in range(0, rollouts.size, micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        ids = rollouts.input_ids[rows].to(device)
-        mask = rollouts.attention_mask[rows].to(device)
-        tokens = rollouts.response_ids[rows].to(device)
-        logits, hidden = response_forward(model, ids, mask, rollouts.prompt_width, hidden_states=wants_hidden_states)
-        old.append(token_logprobs(logits, tokens).cpu())
-        ent.append(token_entropy(logits).cpu())
-        if observe is not None:
-            observe(ForwardView(rows=rows, logits=logits, hidden_states=hidden, model=model, tokenizer=tokenizer))
-        if with_reference:
-            with disable_adapter():
-                ref_logits, _ = response_forward(model, ids, mask, rollouts.prompt_width)
-            ref.append(token_logprobs(ref_logits, tokens).cpu())
-    mask = rollouts.response_mask
-    rollouts.old_logp = torch.cat(old) * mask
-    rollouts.entropy = torch.cat(ent) * mask
-    rollouts.ref_logp = torch.cat(ref) * mask if with_reference else None

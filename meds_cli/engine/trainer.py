@@ -1,7 +1,8 @@
 """The one training loop: sample -> score -> shape -> advantages -> loss, for every algorithm.
 
 Accelerate owns devices, mixed precision and process groups; peft owns the adapter. The loop
-calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs.
+calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs. The
+scoring pass is engine/scoring.py, the update engine/update.py, sharding engine/sharding.py.
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of
@@ -15,24 +16,25 @@ import math
 import random
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from algorithms.policy_loss import agg_loss
 from benchmarks.tasks import PromptSampler, build_task
 from meds_cli.engine import checkpoints, runs
 from meds_cli.engine.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.core.errors import UserError
-from meds_cli.engine.metrics import mean_of, rollout_metrics
+from meds_cli.engine.metrics import rollout_metrics, trained_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine.rollout import response_forward, sample_responses, score_rollouts, token_logprobs
 from meds_cli.engine.config import to_dict
+from meds_cli.engine.rollout import sample_responses
 from meds_cli.engine.samples_log import record_samples, should_log_samples
+from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature
+from meds_cli.engine.sharding import check_distributed_setup, gathered_parameters, make_accelerator
 from meds_cli.engine.trackers import RunTracker, accelerator_kwargs
+from meds_cli.engine.update import prepare_policy, update_policy
 from meds_cli.engine.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
@@ -52,13 +54,11 @@ def lr_lambda(warmup: int, total: int, schedule: str):
 
 class Trainer:
     def __init__(self, cfg, run_dir: Path, *, accelerator=None, model_and_tokenizer=None):
-        from accelerate import Accelerator
-
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision,
-                                              **accelerator_kwargs(cfg.train.report_to, self.run_dir))
+        self.acc = accelerator or make_accelerator(cfg.train, **accelerator_kwargs(cfg.train.report_to, self.run_dir))
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        check_distributed_setup(self.acc, cfg.train.sharding)
         self._validate()
         self.task = build_task(cfg.task, cfg.train.seed)
         self.algorithm = build_algorithm(cfg, self.task)
@@ -71,12 +71,14 @@ class Trainer:
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self.tracker = RunTracker(self.acc)
         model = apply_lora(model, cfg.model.lora)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optim = cfg.optim
-        optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
-        self.model, self.optimizer = self.acc.prepare(model, optimizer)
+        policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
+        self.model, self.optimizer, self.sharded = policy.model, policy.optimizer, policy.sharded
+        algo = self.algorithm
+        self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
+        optim = cfg.optim
         total = cfg.train.steps * optimizer_steps_per_batch(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
         if self.acc.is_main_process:
@@ -116,26 +118,36 @@ class Trainer:
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         model.eval()
-        batch = sample_responses(model, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
-        t1 = time.perf_counter()
+        with gathered_parameters(self.sharded):
+            batch = sample_responses(model, self.tokenizer, prompts, problems, cfg.rollout.group_size,
+                                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                     max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
+        timing["time_generate_s"] += time.perf_counter() - t0
+        timing["generated_tokens"] += int(batch.response_mask.sum())
+        if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
+            self._score(batch, timing)
         algo = self.algorithm
-        score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
-                       wants_hidden_states=algo.wants_hidden_states,
-                       observe=lambda view: algo.observe_forward(batch, view),
-                       disable_adapter=reference_context(model) if algo.uses_reference else None,
-                       tokenizer=self.tokenizer)
         per_response = [p for p in problems for _ in range(cfg.rollout.group_size)]
         batch.verdicts = self.task.grade(list(zip(per_response, batch.response_texts)))
         own = user_reward_channels(self.reward_functions, [q for q in prompts for _ in range(cfg.rollout.group_size)],
                                    batch.response_texts, per_response)
         batch.reward_components = add_channels(algo.reward_components(batch), own)
         batch.rewards = sum(batch.reward_components.values())
-        timing["time_generate_s"] += t1 - t0
-        timing["time_score_s"] += time.perf_counter() - t1
-        timing["generated_tokens"] += int(batch.response_mask.sum())
         return batch
+
+    def _score(self, batch: Rollouts, timing: dict) -> None:
+        """The no-grad scoring pass (engine/scoring.py) over `batch`, the algorithm watching."""
+        t0 = time.perf_counter()
+        cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
+        model.eval()
+        with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
+            score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
+                           temperature=scoring_temperature(cfg.rollout.temperature),
+                           chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
+                           observe=lambda view: algo.observe_forward(batch, view),
+                           disable_adapter=reference_context(model) if algo.uses_reference else None,
+                           tokenizer=self.tokenizer)
+        timing["time_score_s"] += time.perf_counter() - t0
 
     def _any_process(self, flag: bool) -> bool:
         value = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
@@ -155,7 +167,9 @@ class Trainer:
         while rounds < max(1, algo.generation_rounds()):
             indices = self.sampler.take(cfg.rollout.prompts_per_step)[self.rank::self.world]
             rounds += 1
-            if kept < quota:
+            # Under FSDP2 generation and scoring gather parameters collectively: every process
+            # takes part in every round, even one whose quota is full.
+            if kept < quota or self.sharded is not None:
                 part = self._sample(indices, timing)
                 sampled.append(part)
                 part = part.select_groups(algo.keep_groups(part))
@@ -177,6 +191,8 @@ class Trainer:
             return None, all_sampled, info
         batch = Rollouts.concat([p for p in kept_parts if p.size], self.tokenizer.pad_token_id)
         batch = batch.select_groups(torch.arange(batch.num_groups) < groups)
+        if self.scoring == "trained":  # only the groups that train; the same count on every process
+            self._score(batch, timing)
         algo.shape_rewards(batch)
         batch.advantages = algo.compute_advantages(batch)
         return batch, all_sampled, info
@@ -188,53 +204,7 @@ class Trainer:
         return float(self.acc.reduce(t, reduction="sum").item()) if self.world > 1 else float(value)
 
     def update(self, batch: Rollouts) -> dict:
-        cfg, algo = self.cfg, self.algorithm
-        self.model.train()
-        size = batch.size
-        mini = (cfg.train.mini_batch_size // self.world) if cfg.train.mini_batch_size else size
-        micro = cfg.train.micro_batch_size
-        mask = algo.loss_mask(batch)
-        adv = batch.advantages
-        stats, losses, grad_norms = [], [], []
-        device = self.acc.device
-        for _epoch in range(cfg.train.ppo_epochs):
-            for start in range(0, size, mini):
-                rows = list(range(start, min(start + mini, size)))
-                total_tokens = max(self._global_sum(mask[rows].sum().item()), 1.0)
-                total_seqs = max(self._global_sum(len(rows)), 1.0)
-                step_loss = 0.0
-                chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
-                for k, chunk in enumerate(chunks):
-                    sync = nullcontext() if k == len(chunks) - 1 else self.acc.no_sync(self.model)
-                    with sync:
-                        with self.acc.autocast():
-                            logits, _ = response_forward(self.model, batch.input_ids[chunk].to(device),
-                                                         batch.attention_mask[chunk].to(device), batch.prompt_width)
-                        logp = token_logprobs(logits, batch.response_ids[chunk].to(device))
-                        ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
-                        chunk_mask = mask[chunk].to(device)
-                        loss_mat, s = algo.token_loss(logp, batch.old_logp[chunk].to(device), adv[chunk].to(device),
-                                                      chunk_mask, ref)
-                        loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
-                                        total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
-                        # DDP averages gradients over processes; the normalisers above are global already.
-                        self.acc.backward(loss * self.world)
-                    step_loss += loss.item()
-                    stats.append(s)
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                if cfg.optim.grad_clip > 0:
-                    norm = self.acc.clip_grad_norm_(params, cfg.optim.grad_clip)
-                else:
-                    norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-                grad_norms.append(float(norm))
-                losses.append(step_loss)
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-        out = mean_of(stats)
-        out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
-                   optimizer_steps=len(losses))
-        return out
+        return update_policy(self, batch)  # engine/update.py
 
     # ------------------------------------------------------------ one step, the loop
 
@@ -252,6 +222,7 @@ class Trainer:
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))
+            row.update(trained_metrics(batch))
             self.algorithm.on_step_end(batch, step)
             row.update(self.algorithm.step_metrics(batch))
         else:
@@ -289,13 +260,15 @@ class Trainer:
         t0 = time.perf_counter()
         problems = self.task.held_out[: self.cfg.eval.problems][self.rank::self.world]
         correct = 0
+        model = self.unwrapped
+        model.eval()
+        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
+            if problems:
+                prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+                batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
+                                         top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                         batch_size=self.cfg.rollout.generation_batch_size)
         if problems:
-            model = self.unwrapped
-            model.eval()
-            prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-            batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
-                                     top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                     batch_size=self.cfg.rollout.generation_batch_size)
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
         total = self._global_sum(len(problems))
         if total == 0:

@@ -1,0 +1,112 @@
+"""The policy's forward pass over prompt + response, as the scoring pass and the update both run
+it, and the no-grad scoring pass that fills old log-probs, entropy and reference log-probs.
+
+Log-probs and entropy are those of softmax(logits / T) with T the rollout temperature: the
+distribution the responses were sampled from, so the PPO ratio, the KL and the entropy refer to
+it (verl scales the same way); greedy rollouts (T = 0) are scored at T = 1. The model's own head
+runs on the last position only; the final hidden states of the response positions go through
+the output head in chunks (engine/logprobs.py), so no [b, R, V] logit tensor is held whole.
+
+Which rows the scoring pass covers is decided once per run by `scoring_pass`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from meds_cli.core.forward import ForwardView, output_head
+from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
+from meds_cli.engine.rollout import position_ids_for
+
+SCORING_SETTINGS = ["auto", "always"]
+
+
+def scoring_temperature(rollout_temperature: float) -> float:
+    """The temperature log-probs are taken at: the sampling one, or 1 for greedy rollouts."""
+    return rollout_temperature if rollout_temperature > 0 else 1.0
+
+
+def scoring_pass(view_needed_by: str | None, *, uses_reference: bool, optimizer_steps_per_batch: int,
+                 setting: str = "auto") -> str | None:
+    """Which rows the no-grad scoring pass covers:
+    "sampled": every sampled group, before rewards (the rewards or the keep decision read the pass);
+    "trained": the groups that train, after the keep decision (old log-probs for several optimizer
+               steps, reference log-probs, or a view read by reward shaping);
+    None:      no pass: with one optimizer step per batch the old log-probs are the update's own,
+               detached, and the update's forward gives the entropy (verl's on-policy case).
+    setting "always" keeps a pass where None would do (to check the two give the same run)."""
+    if view_needed_by == "rewards":
+        return "sampled"
+    if setting == "always" or view_needed_by is not None or uses_reference or optimizer_steps_per_batch > 1:
+        return "trained"
+    return None
+
+
+def logit_function(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden [n, H] -> logits [n, V] as the model's head makes them (with Gemma-style soft-capping)."""
+    _, head = output_head(model)
+    inner = getattr(model, "module", model)
+    cap = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
+    if not cap:
+        return head
+    return lambda hidden: torch.tanh(head(hidden) / cap) * cap
+
+
+def policy_forward(model, input_ids, attention_mask, prompt_width: int, response_ids, *, temperature: float,
+                   response_mask=None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_states: bool = False,
+                   with_entropy: bool = True):
+    """One forward of the policy: (log p of the response tokens [b, R], entropy [b, R] or None,
+    all hidden states or None, the final hidden states at the positions predicting the response
+    [b, R, H]). Positions where response_mask is 0 come back as 0."""
+    norm, _ = output_head(model)
+    captured = {}
+    # The final norm's output is what the head reads; a hook takes it without asking the model
+    # for every layer's states (held until the pass ends, gigabytes at long responses).
+    hook = norm.register_forward_hook(lambda module, args, out: captured.setdefault("last", out)) if norm else None
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
+                    output_hidden_states=hidden_states or norm is None, use_cache=False, logits_to_keep=1)
+    finally:
+        if hook is not None:
+            hook.remove()
+    last = captured["last"] if norm is not None else out.hidden_states[-1]
+    width = response_ids.shape[1]
+    last = last[:, prompt_width - 1:prompt_width - 1 + width]  # position Lp-1+j predicts response token j
+    logp, entropy = token_logprobs_and_entropy(last, logit_function(model), response_ids, temperature=temperature,
+                                               mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+    return logp, entropy, (out.hidden_states if hidden_states else None), last
+
+
+@torch.no_grad()
+def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_reference: bool, temperature: float = 1.0,
+                   chunk_tokens: int = DEFAULT_CHUNK_TOKENS, wants_hidden_states: bool = False,
+                   observe: Callable[[ForwardView], None] | None = None, disable_adapter=None, tokenizer=None) -> None:
+    """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`."""
+    old, ent, ref = [], [], []
+    device = next(model.parameters()).device
+    logits_of = logit_function(model)
+    for start in range(0, rollouts.size, micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        ids = rollouts.input_ids[rows].to(device)
+        mask = rollouts.attention_mask[rows].to(device)
+        tokens = rollouts.response_ids[rows].to(device)
+        response_mask = rollouts.response_mask[rows].to(device)
+        logp, entropy, hidden, last = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
+                                                     response_mask=response_mask, chunk_tokens=chunk_tokens,
+                                                     hidden_states=wants_hidden_states)
+        old.append(logp.cpu())
+        ent.append(entropy.cpu())
+        if observe is not None:
+            observe(ForwardView(rows=rows, hidden_states=hidden, model=model, tokenizer=tokenizer, device=device,
+                                make_logits=lambda last=last: logits_of(last).float()))
+        if with_reference:
+            with disable_adapter():
+                ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
+                                                   response_mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=False)
+            ref.append(ref_logp.cpu())
+    rollouts.old_logp = torch.cat(old)
+    rollouts.entropy = torch.cat(ent)
+    rollouts.ref_logp = torch.cat(ref) if with_reference else None

@@ -1,0 +1,138 @@
+"""The update side of a training step: the policy set up for training (gradient checkpointing,
+precision, DDP or FSDP2), and one rollout batch turned into optimizer steps.
+
+One optimizer step per mini-batch under every accepted launch: micro-batches accumulate
+gradients, each micro-batch's loss normalised by counts of the whole mini-batch over all
+processes, so any number of processes and any micro-batch size make the update one process makes
+with the whole mini-batch. Under DDP gradients are all-reduced on the last micro-batch only; under
+FSDP2 they are reduce-scattered after every micro-batch (no process ever holds a full gradient).
+Launches that would step differently (DeepSpeed, Accelerate's FSDP plugin, Accelerate's own
+accumulation) are refused before the model loads (engine/sharding.py).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from algorithms.policy_loss import agg_loss
+from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine import sharding
+from meds_cli.engine.metrics import mean_of
+from meds_cli.engine.precision import low_precision_training_warning
+from meds_cli.engine.scoring import policy_forward, scoring_temperature
+
+
+@dataclass
+class Policy:
+    """The model as the loop calls it (DDP wrapper, sharded module or plain), its optimizer, and
+    the FSDP2 units when sharded (None otherwise)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    sharded: sharding.Sharded | None = None
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute every decoder layer in the backward pass. With a LoRA adapter the frozen
+    embeddings produce no gradient, so their output is made to require one: the checkpointed
+    layers then still have a gradient path to the adapter weights inside them."""
+    lm = sharding.causal_lm(model)
+    settings = {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers 5: makes input embeddings require grad itself
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=settings)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=settings)
+        lm.enable_input_require_grads()
+    lm.config.use_cache = False
+
+
+def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None]) -> Policy:
+    """Gradient checkpointing, a warning for low-precision trainable weights, then DDP through
+    Accelerate (train.sharding none) or FSDP2 (fsdp2, with several processes); the optimizer is
+    made after sharding, over the shards."""
+    if train_cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    warning = low_precision_training_warning(model.parameters())
+    if warning:
+        say(f"[yellow]warning:[/] {warning}")
+
+    def adamw(module):
+        params = [p for p in module.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+
+    if train_cfg.sharding == "fsdp2" and acc.num_processes > 1:
+        model.to(acc.device)
+        gpu_bf16 = acc.device.type == "cuda" and acc.mixed_precision == "bf16"
+        sharded = sharding.shard_model(model, sharding.device_mesh(acc), param_dtype=torch.bfloat16 if gpu_bf16 else None)
+        return Policy(model, acc.prepare(adamw(model)), sharded)
+    if train_cfg.sharding == "fsdp2":
+        say("[yellow]note:[/] train.sharding=fsdp2 with one process has nothing to shard; training unsharded")
+    optimizer = adamw(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    return Policy(model, optimizer)
+
+
+def update_policy(trainer, batch: Rollouts) -> dict:
+    """PPO epochs x mini-batches of optimizer steps on `batch`; returns the update's metrics.
+
+    Without a scoring pass (batch.old_logp is None: one optimizer step per batch, engine/scoring.py)
+    the old log-probs are this forward's own, detached, and its entropy fills batch.entropy."""
+    cfg, algo, acc = trainer.cfg, trainer.algorithm, trainer.acc
+    model, world, device = trainer.model, trainer.world, acc.device
+    model.train()
+    size = batch.size
+    mini = (cfg.train.mini_batch_size // world) if cfg.train.mini_batch_size else size
+    micro = cfg.train.micro_batch_size
+    temperature = scoring_temperature(cfg.rollout.temperature)
+    own_old = batch.old_logp is None
+    if own_old:
+        batch.entropy = torch.zeros_like(batch.response_mask)
+    mask = algo.loss_mask(batch)
+    adv = batch.advantages
+    params = [p for p in model.parameters() if p.requires_grad]
+    stats, losses, grad_norms = [], [], []
+    for _epoch in range(cfg.train.ppo_epochs):
+        for start in range(0, size, mini):
+            rows = list(range(start, min(start + mini, size)))
+            total_tokens = max(trainer._global_sum(mask[rows].sum().item()), 1.0)
+            total_seqs = max(trainer._global_sum(len(rows)), 1.0)
+            step_loss = 0.0
+            chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
+            for k, chunk in enumerate(chunks):
+                last = k == len(chunks) - 1
+                sync = nullcontext() if last or trainer.sharded is not None else acc.no_sync(model)
+                with sync:
+                    with acc.autocast():
+                        logp, entropy, _, _ = policy_forward(
+                            model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
+                            batch.prompt_width, batch.response_ids[chunk].to(device), temperature=temperature,
+                            response_mask=batch.response_mask[chunk].to(device),
+                            chunk_tokens=cfg.train.logprob_chunk_tokens, with_entropy=own_old)
+                    if own_old:
+                        old = logp.detach()
+                        batch.entropy[chunk] = entropy.cpu()
+                    else:
+                        old = batch.old_logp[chunk].to(device)
+                    ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
+                    chunk_mask = mask[chunk].to(device)
+                    loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref)
+                    loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
+                                    total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
+                    # DDP and FSDP2 average gradients over processes; the normalisers are global already.
+                    acc.backward(loss * world)
+                step_loss += loss.item()
+                stats.append(s)
+            acc.unscale_gradients()  # fp16's loss scale, before the norm is measured
+            grad_norms.append(float(sharding.clip_gradients(params, cfg.optim.grad_clip)))
+            losses.append(step_loss)
+            trainer.optimizer.step()
+            trainer.scheduler.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
+    out = mean_of(stats)
+    out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
+               optimizer_steps=len(losses))
+    return out
