@@ -10,7 +10,7 @@ Then grading throughput: the benchmark's grade function on the eval's own respon
 larger synthetic workload (each gold answer boxed in a sentence, half of them replaced by
 another problem's answer), graded synchronously.
 
-Usage: python scripts/bench_eval.py [--benchmark math500] [--data-dir ../shared/data]
+Usage: python scripts/bench_eval.py [--benchmark math500] [--data-dir DIR (holds <benchmark>/test.jsonl)]
        [--limit 4] [--n 2] [--max-new-tokens 128] [--model smollm2-135m] [--threads N]
 """
 

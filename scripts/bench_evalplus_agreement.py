@@ -9,7 +9,7 @@ takes 0.3 s or more on some input are left out (timing noise decides near their 
 is HumanEval/32 (EvalPlus 0.3.1 fails every solution to it). evalplus's verdicts are kept in
 --cache and reused while the candidates are the same.
 
-Usage: python scripts/bench_evalplus_agreement.py [--data-dir ../shared/data] [--problems 30]
+Usage: python scripts/bench_evalplus_agreement.py [--data-dir DIR (holds <benchmark>/test.jsonl)] [--problems 30]
            [--per-problem 8] [--seed 0] [--grader-root PATH] [--cache FILE]
 Needs: pip install evalplus==0.3.1 (the project's `evalplus` extra).
 """

@@ -9,7 +9,7 @@ Four workloads, each graded once by a warm pool:
   shuffled    every gold answer against another problem's gold answer (wrong answers)
   symbolic    shuffled answers among the non-number golds only: every pair reaches math-verify
 
-Usage: python scripts/bench_grading.py [--data-dir ../shared/data] [--workers N] [--timeout-s 5]
+Usage: python scripts/bench_grading.py [--data-dir DIR (holds <benchmark>/test.jsonl)] [--workers N] [--timeout-s 5]
 """
 
 import argparse
@@ -53,7 +53,7 @@ def workloads(data_dir: Path, seed: int) -> dict[str, list[tuple[str, str]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--data-dir", type=Path, required=True, help="folder holding <benchmark>/test.jsonl")
     parser.add_argument("--workers", type=int, default=None, help="pool size (default: CPU count)")
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """How fast the sandbox is: programs per second through the pool, and its fixed cost.
 
-Usage: python scripts/bench_sandbox.py [--data-dir ../shared/data] [--workers N] [--limit N]
+Usage: python scripts/bench_sandbox.py [--data-dir DIR (holds <benchmark>/test.jsonl)] [--workers N] [--limit N]
 
 1. Fixed cost per program: a trivial program through `run_program`, against a bare
    `subprocess.run([python, "-c", "pass"])` (median of repeated runs, one at a time).
