@@ -7,20 +7,28 @@ The trainer runs, for every step:
 and never asks which algorithm it runs. An algorithm is a class registered in ALGORITHMS with
 its own config dataclass (its YAML section). Shaping methods (MEDS, EDAS) wrap a base
 algorithm with `OnBase` and change only the hooks they need.
+
+An algorithm sees its own config section and an `AlgorithmContext` (reward values, the length
+limit, the task's answer reader), never the whole run config: it cannot come to depend on
+another algorithm's keys or on which task runs.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
 from algorithms.advantages import group_advantages
-from algorithms.policy_loss import LOSS_AGG_MODES, clipped_surrogate, k3_kl
-from meds_cli.config import choice, doc
-from meds_cli.registry import Registry
-from meds_cli.rollout import ForwardView, Rollouts
+from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
+from meds_cli.core.errors import UserError
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.records import CORRECTNESS
+from meds_cli.core.registry import Registry
+from meds_cli.core.forward import ForwardView
+from meds_cli.core.rollouts import Rollouts
 
 ALGORITHMS: Registry = Registry("algorithm")
 
@@ -46,6 +54,22 @@ class GRPOConfig:
     clip_ratio_c: float = doc(3.0, "dual-clip bound c (> 1)")
     loss_agg: str = choice("seq-mean-token-mean", LOSS_AGG_MODES, "loss aggregation")
     kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)")
+    policy_loss: str = choice("vanilla", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py)")
+    kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)")
+    kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens")
+
+
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What an algorithm may know of the run besides its own config section; the engine builds it
+    (meds_cli/engine/algorithm_setup.py)."""
+
+    reward_correct: float  # reward of a correct response
+    reward_wrong: float  # reward of a wrong one
+    max_new_tokens: int  # response length limit
+    read_answer: Callable[[str], str | None]  # the task's reading of a response's final answer (no gold)
+    answer_mode: str  # the name of that reading (boxed, first_char, ...), for logs
+    optimizer_steps_per_batch: int  # PPO epochs x mini-batches: 1 means the policy ratio stays 1
 
 
 class Algorithm:
@@ -56,9 +80,16 @@ class Algorithm:
     config_class: type = GRPOConfig
     composes = False  # True for shaping methods that wrap a base algorithm
 
-    def __init__(self, config, run):
+    def __init__(self, config, context: AlgorithmContext):
         self.config = config
-        self.run = run  # the whole RunConfig: reward values, rollout sizes
+        self.context = context
+        if not self.composes:  # a shaping method's loss is its base's
+            self.policy_loss = POLICY_LOSSES.get(config.policy_loss)
+            if (config.policy_loss == "kl-cov" and context.optimizer_steps_per_batch == 1
+                    and config.kl_cov_ratio > 0 and config.kl_cov_coef != 0):
+                warnings.warn(f"{self.name}: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
+                              "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
+                              "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
 
     # -- sampling forward pass
     @property
@@ -78,12 +109,17 @@ class Algorithm:
         wrong + credit * (correct - wrong), where credit is 1/0 or a task's partial credit
         (verdict.detail['credit'], e.g. the share of unit tests passed)."""
         credit = torch.tensor([float(v.detail.get("credit", v.correct)) for v in rollouts.verdicts])
-        reward = self.run.reward
-        return {"correctness": reward.wrong + credit * (reward.correct - reward.wrong)}
+        ctx = self.context
+        return {CORRECTNESS: ctx.reward_wrong + credit * (ctx.reward_correct - ctx.reward_wrong)}
 
     def generation_rounds(self) -> int:
         """How many sampling rounds a step may use to fill its batch with kept groups."""
         return 1
+
+    def short_batch_hint(self) -> str:
+        """What the user can change when the sampling rounds kept fewer groups than a step needs
+        (the trainer's warning ends with it); '' when there is nothing to say."""
+        return ""
 
     def keep_groups(self, rollouts: Rollouts) -> torch.Tensor:
         """[P] bool: which groups train. Default: all."""
@@ -105,14 +141,11 @@ class Algorithm:
         return self.config.loss_agg
 
     def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        """Per-token loss [b, R] and stats for one micro-batch."""
-        cfg = self.config
-        loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high,
-                                        cfg.clip_ratio_c if cfg.dual_clip else None)
-        if cfg.kl_coef > 0 and ref_logp is not None:
-            kl = k3_kl(logp, ref_logp)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
+        """Per-token loss [b, R] and stats for one micro-batch: the configured policy loss, plus the
+        k3 KL to the reference policy when this algorithm uses one (the only place it is added)."""
+        loss, stats = self.policy_loss(logp, old_logp, advantages, mask, self.config)
+        if self.uses_reference and ref_logp is not None:
+            loss, stats = add_kl_penalty(loss, stats, logp, ref_logp, mask, self.config.kl_coef)
         return loss, stats
 
     # -- state
@@ -140,8 +173,8 @@ class OnBase(Algorithm):
 
     composes = True
 
-    def __init__(self, config, run, base: Algorithm):
-        super().__init__(config, run)
+    def __init__(self, config, context: AlgorithmContext, base: Algorithm):
+        super().__init__(config, context)
         self.base = base
 
     wants_hidden_states = property(lambda self: self.base.wants_hidden_states)
@@ -156,6 +189,9 @@ class OnBase(Algorithm):
 
     def generation_rounds(self):
         return self.base.generation_rounds()
+
+    def short_batch_hint(self):
+        return self.base.short_batch_hint()
 
     def keep_groups(self, rollouts):
         return self.base.keep_groups(rollouts)
@@ -189,16 +225,14 @@ class OnBase(Algorithm):
         return [self.name] + self.base.config_sections
 
 
-def build_algorithm(run) -> Algorithm:
-    """The algorithm named by run.algo.name, wrapped around run.algo.base when it composes."""
-    cls = ALGORITHMS.get(run.algo.name)
+def compose_algorithm(name: str, base: str, sections: Mapping[str, Any], context: AlgorithmContext) -> Algorithm:
+    """The algorithm `name` with its config section, wrapped around the algorithm `base` when it
+    composes (a shaping method); `sections` maps algorithm names to their config sections."""
+    cls = ALGORITHMS.get(name)
     if not cls.composes:
-        return cls(run.section(cls.name), run)
-    base_cls = ALGORITHMS.get(run.algo.base)
+        return cls(sections[cls.name], context)
+    base_cls = ALGORITHMS.get(base)
     if base_cls.composes:
-        from meds_cli.errors import UserError
-
         bases = [e.name for e in ALGORITHMS.entries() if not e.obj.composes]
-        raise UserError(f"--base '{run.algo.base}' is itself a shaping method; accepted bases: {', '.join(bases)}")
-    base = base_cls(run.section(base_cls.name), run)
-    return cls(run.section(cls.name), run, base)
+        raise UserError(f"--base '{base}' is itself a shaping method; accepted bases: {', '.join(bases)}")
+    return cls(sections[cls.name], context, base_cls(sections[base_cls.name], context))

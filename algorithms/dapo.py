@@ -16,7 +16,8 @@ import torch
 
 from algorithms.advantages import zero_spread_groups
 from algorithms.base import Algorithm, GRPOConfig, register
-from meds_cli.config import choice, doc
+from meds_cli.core.fields import choice, doc
+from meds_cli.core.records import CORRECTNESS
 
 
 @dataclass
@@ -25,7 +26,7 @@ class DAPOConfig(GRPOConfig):
     loss_agg: str = choice("token-mean", GRPOConfig.__dataclass_fields__["loss_agg"].metadata["choices"], "loss aggregation")
     dynamic_sampling: bool = doc(True, "drop groups with equal rewards and sample more prompts")
     max_gen_batches: int = doc(3, "sampling rounds per step at most (dynamic sampling)")
-    filter_metric: str = choice("correctness", ["correctness", "reward"], "what must vary within a kept group")
+    filter_metric: str = choice(CORRECTNESS, [CORRECTNESS, "reward"], "what must vary within a kept group")
     overlong_buffer: int = doc(0, "L_buf in tokens (0 disables overlong shaping)")
     overlong_factor: float = doc(1.0, "penalty at the length limit")
     mask_truncated: bool = doc(False, "leave responses without EOS out of the loss")
@@ -47,24 +48,24 @@ class DAPO(Algorithm):
     def uses_reference(self) -> bool:
         return False  # DAPO has no KL term
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        return super().token_loss(logp, old_logp, advantages, mask, None)
-
     def reward_components(self, rollouts):
         components = super().reward_components(rollouts)
         cfg = self.config
         if cfg.overlong_buffer > 0:
-            components["overlong"] = overlong_penalty(rollouts.response_lengths, self.run.rollout.max_new_tokens,
+            components["overlong"] = overlong_penalty(rollouts.response_lengths, self.context.max_new_tokens,
                                                       cfg.overlong_buffer, cfg.overlong_factor)
         return components
 
     def generation_rounds(self) -> int:
         return self.config.max_gen_batches if self.config.dynamic_sampling else 1
 
+    def short_batch_hint(self) -> str:
+        return "raise dapo.max_gen_batches to sample more" if self.config.dynamic_sampling else ""
+
     def keep_groups(self, rollouts):
         if not self.config.dynamic_sampling:
             return super().keep_groups(rollouts)
-        metric = rollouts.reward_components["correctness"] if self.config.filter_metric == "correctness" else rollouts.rewards
+        metric = rollouts.reward_components[CORRECTNESS] if self.config.filter_metric == CORRECTNESS else rollouts.rewards
         return ~zero_spread_groups(metric, rollouts.group_size)
 
     def loss_mask(self, rollouts):

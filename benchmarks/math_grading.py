@@ -8,7 +8,11 @@ outcome 'timeout'. Workers are fresh interpreters, started lazily and replaced i
 background, so one hung answer costs its time limit and nothing more.
 
 Before any worker is asked, the parent settles the easy cases: no answer ('no_answer'), the same
-text as the gold answer, and plain numbers on both sides (compared exactly as fractions).
+text as the gold answer, and plain numbers on both sides (`number_match`: exact as fractions, or
+a decimal that is the other number rounded, with at least six significant digits). A decimal
+answer against a gold answer that is an exact expression (\\sqrt{2}, \\pi/4) gets the same rule
+in a worker, with the gold evaluated by SymPy; inside tuples, sets and intervals math-verify's own
+rounding (six decimal places) applies.
 
 Reward safety: math-verify counts `\\boxed{27 + 82}` as equal to 109, so a policy could be
 rewarded for boxing the question. In strict mode (the default, for rewards and eval alike), when
@@ -30,12 +34,20 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
-from benchmarks.answer_extraction import extract_answer, integer_literal_value, number_literal_value
-from benchmarks.registry import Verdict
+from benchmarks.answer_extraction import (
+    SPACE_INSIDE_NUMBER,
+    NumberLiteral,
+    extract_answer,
+    integer_literal_value,
+    read_number_literal,
+)
+from benchmarks.number_match import decimal_stands_for, numbers_match
+from meds_cli.core.records import Verdict
 
 OUTCOMES = ("correct", "wrong", "no_answer", "timeout")
 # How long a fresh worker may take to import math-verify and SymPy before the pool gives up.
@@ -56,7 +68,9 @@ def integer_answer_equal(pred: str | None, gold: int) -> bool:
 
 
 def _squash(text: str) -> str:
-    return "".join(text.split())
+    """text without the whitespace that cannot change what it says: whitespace between two parts
+    of a number is kept (as a NUL), since "2 7" is not the text "27"."""
+    return "".join(SPACE_INSIDE_NUMBER.sub("\0", text).split())
 
 
 def _has_percent(text: str) -> bool:
@@ -70,9 +84,10 @@ def _checker_text(text: str) -> str:
     answers in Minerva-Math); the exact value written as an integer or `\\frac{p}{q}` avoids that.
     Percentages keep their text: 10\\% must stay comparable with 0.1.
     """
-    value = number_literal_value(text)
-    if value is None or _has_percent(text):
+    literal = read_number_literal(text)
+    if literal is None or _has_percent(text):
         return text
+    value = literal.value
     if value.denominator == 1:
         return str(value.numerator)
     sign = "-" if value < 0 else ""
@@ -86,20 +101,18 @@ def _prejudge(pred: str | None, gold: str, strict: bool) -> Verdict | None:
     if _squash(pred) == _squash(gold):
         # The same text is the same answer; spares math-verify a slow parse of a long gold.
         return Verdict(True, pred, "correct", {"by": "identical"})
-    gold_value = number_literal_value(gold)
-    if gold_value is None:
-        return None
-    pred_value = number_literal_value(pred)
-    if pred_value is None:
+    gold_number = read_number_literal(gold)
+    if gold_number is None:
+        return None  # an expression, a set, text: a worker decides
+    pred_number = read_number_literal(pred)
+    if pred_number is None:
         if strict:
             return Verdict(False, pred, "wrong", {"by": "strict", "reason": "not a number literal"})
         return None
-    if pred_value == gold_value:
-        return Verdict(True, pred, "correct", {"by": "exact"})
-    if pred_value.denominator == gold_value.denominator == 1 and not _has_percent(pred + gold):
-        # Two different integers: nothing a symbolic checker does can make them equal.
-        return Verdict(False, pred, "wrong", {"by": "exact"})
-    return None  # 0.333333 vs 1/3 and the like: math-verify's rounding rules decide
+    if pred_number.value != gold_number.value and _has_percent(pred + gold):
+        return None  # 10\\% against 0.1: math-verify reads percentages
+    same, how = numbers_match(pred_number, gold_number)
+    return Verdict(same, pred, "correct" if same else "wrong", {"by": how})
 
 
 # --- the worker side ------------------------------------------------------------------------
@@ -117,14 +130,44 @@ def _parse(text: str, op_timeout: int) -> list:
         return []
 
 
+def _real_value(parsed: list, digits: int) -> Fraction | None:
+    """The value of a parsed answer that is one real number (\\sqrt{2}, \\pi/4), exact to well
+    past `digits` significant digits; None for anything else (a symbol, a set, a complex number)."""
+    import sympy
+
+    for expr in parsed:
+        if isinstance(expr, sympy.Basic) and expr.is_number:
+            try:
+                value = sympy.N(expr, digits + 30)
+            except Exception:  # SymPy cannot evaluate it: math-verify still compares it
+                return None
+            if isinstance(value, sympy.Float) and value.is_finite:
+                numerator, denominator = sympy.Rational(value).as_numer_denom()
+                return Fraction(int(numerator), int(denominator))
+            return None
+    return None
+
+
+def _decimal_stands_for_gold(decimal: NumberLiteral | None, gold_parsed: list) -> bool:
+    """True when the answer is a decimal that is the gold answer's value rounded (number_match's rule)."""
+    if decimal is None or decimal.unit is None:
+        return False
+    value = _real_value(gold_parsed, decimal.digits)
+    return value is not None and decimal_stands_for(decimal, value)
+
+
 def judge_pair(pred: str, gold: str, op_timeout: int) -> tuple[str, dict]:
     """(outcome, detail) for one answer: runs in a worker process (SIGALRM needs its main thread)."""
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
     try:
-        gold_parsed = _parse(gold, op_timeout)
-        pred_parsed = _parse(pred, op_timeout)
+        gold_parsed = _parse(_checker_text(gold), op_timeout)
+        if not _has_percent(pred + gold) and _decimal_stands_for_gold(read_number_literal(pred), gold_parsed):
+            return "correct", {"by": "rounding"}
+        # A decimal that is no rounding of the gold may still equal it exactly (1.0 and \\sqrt{1}):
+        # math-verify compares it as the exact fraction it is.
+        pred_parsed = _parse(_checker_text(pred), op_timeout)
     except TimeoutException:
         return "timeout", {"by": "math_verify", "reason": "parse time-out"}
     if not gold_parsed:
@@ -259,7 +302,7 @@ class MathGrader:
             if verdict is None:
                 todo.append(i)
         if todo:
-            jobs = {i: (_checker_text(pairs[i][0].strip()), _checker_text(str(pairs[i][1]).strip())) for i in todo}
+            jobs = {i: (pairs[i][0].strip(), str(pairs[i][1]).strip()) for i in todo}
             with self._lock:
                 results = self._run(jobs, todo)
             for i, (outcome, detail) in results.items():

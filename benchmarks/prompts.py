@@ -1,6 +1,6 @@
 """Prompt templates shared by training tasks and benchmarks."""
 
-from benchmarks.registry import Problem
+from meds_cli.core.records import Problem
 
 QWEN_BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = "Write your solution in Python in one ```python code block."

@@ -5,34 +5,22 @@ A training task (`--task`) yields prompts with gold answers and scores responses
 by name so that `meds list` and did-you-mean work the same way as for algorithms.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-from meds_cli.registry import Registry
-
-
-@dataclass
-class Problem:
-    """One problem: `question` is the bare problem text (no prompt template), `answer` the gold
-    answer normalized to a string for math, or whatever the grader needs for code."""
-
-    id: str
-    question: str
-    answer: Any
-    meta: dict = field(default_factory=dict)
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.registry import Registry
 
 
-@dataclass
-class Verdict:
-    """A graded response. `outcome` is the error class EDAS and the reports use:
-    math: 'correct', 'wrong', 'no_answer', 'timeout'; code: 'passed', 'WrongAnswer', an
-    exception type name, 'Timeout', 'MemoryLimit', 'Killed'."""
+class ProblemSet(list):
+    """A benchmark's problems as `Benchmark.load` returns them, with `data`: what the loader found
+    in its source (where from, rows skipped and why, the row count against the known one), which
+    the eval report shows beside the scores. A plain list of problems works as well."""
 
-    correct: bool
-    extracted: str | None
-    outcome: str
-    detail: dict = field(default_factory=dict)
+    def __init__(self, problems=(), data: dict | None = None):
+        super().__init__(problems)
+        self.data = data or {}
 
 
 @dataclass

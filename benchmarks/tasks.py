@@ -1,27 +1,50 @@
 """Training tasks: where prompts and gold answers come from, and how responses are graded.
 
 A task is built from the `task:` config section and the run seed. It exposes a training pool,
-a held-out pool for evaluation, a prompt for each problem, and a batched grader.
+a held-out pool for evaluation, a prompt for each problem, a batched grader, and the reading of
+a response's final answer without the gold answer (what label-free algorithms vote on). The
+pools are made on first use, so building a task for its answer reader costs nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Sequence
 
 from benchmarks.answer_extraction import extract_answer, integer_literal_value
 from benchmarks.prompts import build_prompt, problem_prompt
-from benchmarks.registry import TASKS, Problem, Verdict
+from benchmarks.registry import TASKS
+from meds_cli.core.records import Problem, Verdict
 
 
 class Task:
     def __init__(self, config, seed: int):
         self.config = config
         self.seed = seed
-        self.train, self.held_out = self.make_splits()
+
+    @functools.cached_property
+    def _splits(self) -> tuple[list[Problem], list[Problem]]:
+        return self.make_splits()
+
+    @property
+    def train(self) -> list[Problem]:
+        return self._splits[0]
+
+    @property
+    def held_out(self) -> list[Problem]:
+        return self._splits[1]
 
     def make_splits(self) -> tuple[list[Problem], list[Problem]]:
         raise NotImplementedError
+
+    # The name of read_answer's reading (an extraction mode of algorithms that read answers).
+    answer_mode = "boxed"
+
+    def read_answer(self, response: str) -> str | None:
+        """The final answer of a response as this task's grader reads it, without the gold answer.
+        Default: the last \\boxed{}."""
+        return extract_answer(response, "boxed")
 
     def prompt(self, problem: Problem, tokenizer) -> str:
         return build_prompt(problem.question, tokenizer, self.config.prompt_style)
@@ -60,16 +83,7 @@ OPERATIONS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b)
 @TASKS.register("arithmetic", "synthetic integer arithmetic from a seed (task.operations, task.digits); integer-exact reward")
 class ArithmeticTask(Task):
     def make_splits(self):
-        cfg = self.config
-        unknown = [op for op in cfg.operations if op not in OPERATIONS]
-        if unknown or not cfg.operations:
-            from meds_cli.errors import UserError
-
-            raise UserError(f"task.operations {unknown or cfg.operations} not accepted; choose from {', '.join(OPERATIONS)}")
-        if cfg.digits < 1:
-            from meds_cli.errors import UserError
-
-            raise UserError(f"task.digits must be at least 1, got {cfg.digits}")
+        cfg = self.config  # operations and digits are checked when the config loads (TaskConfig.validate)
         rng = random.Random(self.seed)
         low, high = (0 if cfg.digits == 1 else 10 ** (cfg.digits - 1)), 10 ** cfg.digits - 1
         seen, problems = set(), []
@@ -92,6 +106,13 @@ class ArithmeticTask(Task):
     def grade(self, pairs):
         return [grade_integer(response, problem.answer, self.config.answer_format) for problem, response in pairs]
 
+    @property
+    def answer_mode(self):
+        return self.config.answer_format
+
+    def read_answer(self, response):
+        return integer_answer(response or "", self.config.answer_format)
+
 
 @TASKS.register("copy", "toy task for tiny models: repeat the digit of the prompt 'd='; reward if the response starts with it")
 class CopyTask(Task):
@@ -105,10 +126,15 @@ class CopyTask(Task):
     def grade(self, pairs):
         verdicts = []
         for problem, response in pairs:
-            first = response[:1] if response else None
+            first = self.read_answer(response)
             correct = first == problem.answer
             verdicts.append(Verdict(correct, first, "correct" if correct else ("no_answer" if first is None else "wrong")))
         return verdicts
+
+    answer_mode = "first_char"
+
+    def read_answer(self, response):
+        return response[:1] if response else None
 
 
 @TASKS.register("math", "math word problems from a JSON/JSONL file or hub dataset (task.path); graded by math-verify, strict")

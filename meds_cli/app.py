@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from meds_cli import __version__
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
                   rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -49,7 +49,7 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
-    from meds_cli.train_command import run_training
+    from meds_cli.commands.train import run_training
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
@@ -83,7 +83,7 @@ def eval_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ):
     """Evaluate a run's checkpoint or a model on benchmarks: pass@k, maj@k, length; resumable."""
-    from meds_cli.eval_command import run_compare, run_eval, settings_from_options
+    from meds_cli.commands.eval import run_compare, run_eval, settings_from_options
 
     try:
         if compare:
@@ -105,7 +105,7 @@ def eval_cmd(
 @app.command("list")
 def list_cmd():
     """List the registered algorithms, tasks, benchmarks and model aliases."""
-    from meds_cli.listing import print_registries
+    from meds_cli.commands.listing import print_registries
 
     print_registries()
 
@@ -119,7 +119,7 @@ def cluster_inspect_cmd(
     output: Annotated[Optional[Path], typer.Option(help="Folder for the PNGs (default RUN_DIR/inspect).")] = None,
 ):
     """Inspect the MEDS memory of a run: clusters per prompt, samples, ARI vs answers, plots."""
-    from meds_cli.cluster_inspect import cluster_inspect
+    from meds_cli.commands.cluster_inspect import cluster_inspect
 
     try:
         cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
@@ -149,8 +149,8 @@ def ablate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
-    from meds_cli.ablate import dry_run as show_plan, make_plan, run_ablation
-    from meds_cli.ablate_eval import EvalOptions
+    from meds_cli.commands.ablate import dry_run as show_plan, make_plan, run_ablation
+    from meds_cli.commands.ablate_eval import EvalOptions
 
     try:
         plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,

@@ -57,8 +57,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from meds_cli.config import load_config
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.config import load_config
+    from meds_cli.engine.trainer import Trainer
 
     if args.tiny:
         base = ["model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=16", "model.lora.rank=8"]
@@ -112,7 +112,7 @@ def main() -> None:
 def scoring_ab(trainer, repeats: int) -> tuple[float, float]:
     """Best-of-`repeats` time of the scoring forward pass on one sampled batch, without and with
     MEDS's part (hidden states + logit lens); interleaved so that load hits both alike."""
-    from meds_cli.rollout import sample_responses, score_rollouts
+    from meds_cli.engine.rollout import sample_responses, score_rollouts
 
     cfg, algo, model = trainer.cfg, trainer.algorithm, trainer.unwrapped
     problems = [trainer.task.train[i] for i in range(cfg.rollout.prompts_per_step)]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from meds_cli.config import load_config
-from meds_cli.trainer import Trainer
+from meds_cli.engine.config import load_config
+from meds_cli.engine.trainer import Trainer
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from meds_cli.config import load_config  # noqa: E402
+from meds_cli.engine.config import load_config  # noqa: E402
 
 TINY_COPY = [
     "algo.name=grpo", "model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=2", "rollout.group_size=16",

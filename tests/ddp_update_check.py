@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from meds_cli.rollout import sample_responses, score_rollouts
-from meds_cli.trainer import Trainer
+from meds_cli.engine.rollout import sample_responses, score_rollouts
+from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from benchmarks.registry import Problem, Verdict
-from meds_cli.rollout import Rollouts
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.rollouts import Rollouts
 
 
 def make_rollouts(correct: list[bool], group_size: int, lengths: list[int] | None = None,

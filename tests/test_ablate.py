@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meds_cli.ablate import Grid, expand, grid_from_flags, make_plan, read_grid, variant_sets
+from meds_cli.commands.ablate import Grid, expand, grid_from_flags, make_plan, read_grid, variant_sets
 from meds_cli.app import app
-from meds_cli.config import load_config
-from meds_cli.errors import UserError
+from meds_cli.engine.config import load_config
+from meds_cli.core.errors import UserError
 from tests.conftest import TINY_COPY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +157,7 @@ def test_two_variant_ablation_end_to_end(tmp_path):
 def test_curves_over_seeds_mean_and_std():
     from types import SimpleNamespace
 
-    from meds_cli.ablate_report import curves_over_seeds
+    from meds_cli.commands.ablate_report import curves_over_seeds
 
     variants = [SimpleNamespace(name=f"v{i}", group=g) for i, g in enumerate(["a", "a", "b"])]
     results = {"v0": {"c": [[1, 0.2], [2, 0.4]]}, "v1": {"c": [[1, 0.4]]}, "v2": {"c": [[1, 1.0]]}}

@@ -98,16 +98,41 @@ def test_number_literal_value_refuses(text):
     assert number_literal_value(text) is None
 
 
+@pytest.mark.parametrize("text, value", [
+    ("32,349", 32349),          # the conventional thousands form
+    ("32{,}349", 32349),        # as MATH writes it
+    ("32,\\!349", 32349),       # as MATH writes it too (1,\\!000,\\!000)
+    ("1,\\!000,\\!000", 10**6),
+    ("11,\\! 111,\\! 111,\\! 100", 11111111100),  # a MATH500 gold answer
+    ("32\\,349", 32349),        # SI style: a thin space splitting off three digits
+    ("\\$1,\\!657", 1657),
+    ("\\dfrac 3 8", Fraction(3, 8)),  # spaces inside \\frac shorthand are not between two numbers
+])
+def test_thousands_separators_in_their_conventional_forms(text, value):
+    assert number_literal_value(text) == value
+
+
+@pytest.mark.parametrize("text", [
+    "2 7", "32 349", "32, 349", "32 ,349", "2\\ 7", "2~7", "2\\;7", "2\\!7", "2\\,7", "32\\,34",
+    "1 000", "12345,678", "1.5 5", "1, 2",
+])
+def test_separators_never_join_numbers(text):
+    # "2 7" is two numbers, not 27; a comma counts only between groups of three digits.
+    assert number_literal_value(text) is None
+    assert integer_literal_value(text) is None
+
+
 @pytest.mark.parametrize(
     "text,value",
-    [("109", 109), (" -5 ", -5), ("1,234", 1234), ("1{,}234", 1234), ("$42$", 42), ("\\text{42}", 42),
-     ("+7", 7), ("- 7", -7), ("007", 7)],
+    [("109", 109), (" -5 ", -5), ("1,234", 1234), ("1{,}234", 1234), ("1,\\!234", 1234), ("$42$", 42),
+     ("\\text{42}", 42), ("+7", 7), ("- 7", -7), ("007", 7)],
 )
 def test_integer_literal_value_accepts(text, value):
     assert integer_literal_value(text) == value
 
 
-@pytest.mark.parametrize("text", ["27 + 82", "109.0", "1,23", "12,34,567", "109 apples", "1/2", "", None, "\\frac{4}{2}"])
+@pytest.mark.parametrize("text", ["27 + 82", "109.0", "1,23", "12,34,567", "109 apples", "1/2", "", None, "\\frac{4}{2}",
+                                  "10 9", "1, 234"])
 def test_integer_literal_value_refuses(text):
     assert integer_literal_value(text) is None
 

@@ -8,10 +8,10 @@ import torch
 from typer.testing import CliRunner
 
 from meds_cli.app import app
-from meds_cli.cluster_inspect import inspect_run
-from meds_cli.config import dump_yaml
-from meds_cli.errors import UserError
-from meds_cli.trainer import Trainer
+from meds_cli.commands.cluster_inspect import inspect_run
+from meds_cli.engine.config import dump_yaml
+from meds_cli.core.errors import UserError
+from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
 PNG = b"\x89PNG"

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import code_benchmarks as cb
 from benchmarks.registry import BENCHMARKS
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 DATA = Path("/work/shared/data")
 needs_data = pytest.mark.skipif(not (DATA / "humanevalplus").is_dir(), reason="no shared benchmark data")

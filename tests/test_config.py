@@ -2,8 +2,8 @@
 
 import pytest
 
-from meds_cli.config import dump_yaml, load_config, parse_override, read_yaml
-from meds_cli.errors import UserError
+from meds_cli.engine.config import dump_yaml, load_config, parse_override, read_yaml
+from meds_cli.core.errors import UserError
 
 
 def write(path, text):
@@ -85,3 +85,18 @@ def test_smollm2_configs_share_one_base():
     for name, algo in [("meds_smollm2", "meds"), ("edas_smollm2", "edas"), ("rlif_smollm2", "rlif-multireward")]:
         cfg = load_config([f"configs/{name}.yaml"])
         assert cfg.algo.name == algo and cfg.model == base.model and cfg.optim == base.optim
+
+
+def test_value_checks_run_when_the_config_loads():
+    # field checks (core.fields.at_least / greater_than) and a section's own validate(), named by key
+    with pytest.raises(UserError, match="train.ppo_epochs must be at least 1, got 0"):
+        load_config(overrides=["train.ppo_epochs=0"])
+    with pytest.raises(UserError, match="rollout.group_size must be at least 1, got 0"):
+        load_config(overrides=["rollout.group_size=0"])
+    with pytest.raises(UserError, match=r"edas.kappa must be greater than 1 \(else the clip can flip a sign\), got 1.0"):
+        load_config(overrides=["edas.kappa=1.0"])
+    with pytest.raises(UserError, match="meds.min_cluster_size must be at least 2, got 1"):
+        load_config(overrides=["meds.min_cluster_size=1"])
+    with pytest.raises(UserError, match="task.digits must be at least 1, got 0"):
+        load_config(overrides=["task.digits=0"])
+    load_config(overrides=["edas.kappa=1.5", "meds.min_cluster_size=2"])  # the boundaries pass

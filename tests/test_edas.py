@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.edas import (diversity_delta, edas_advantages, error_classes, error_entropy_terms,
                              sign_keeping_clip, warmup_factor)
-from benchmarks.registry import Problem, Verdict
-from meds_cli.errors import UserError
-from meds_cli.rollout import Rollouts
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.errors import UserError
+from meds_cli.core.rollouts import Rollouts
 from tests.conftest import needs_embedded, tiny_config
 
 LN2 = math.log(2)
@@ -192,7 +192,7 @@ def test_edas_composes_over_dapo_by_default_and_rejects_bad_kappa():
 
 
 def train_tiny(tmp_path, steps, *overrides):
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     # The foundation's learning setting (tests/test_learning.py: 8 prompts x 16, full weights,
     # lr 0.003); GRPO base so every step updates without extra sampling rounds (CPU budget).
@@ -224,7 +224,7 @@ def test_tiny_model_learns_copy_task_with_edas_on_dapo(tmp_path):
 @pytest.mark.slow
 @needs_embedded
 def test_one_real_step_on_smollm2(tmp_path):
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     cfg = tiny_config("model.name=smollm2-135m", "task.name=arithmetic", "algo.name=edas", "rollout.prompts_per_step=2",
                       "rollout.group_size=4", "rollout.max_new_tokens=32", "rollout.generation_batch_size=8",
@@ -235,7 +235,7 @@ def test_one_real_step_on_smollm2(tmp_path):
 
 
 def test_example_config_loads():
-    from meds_cli.config import load_config
+    from meds_cli.engine.config import load_config
 
     cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs" / "edas_smollm2.yaml")])
     assert cfg.algo.name == "edas" and cfg.section("edas").warmup_steps == 2

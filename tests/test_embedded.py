@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from meds_cli.config import load_config
-from meds_cli.runs import list_checkpoints
-from meds_cli.trainer import Trainer
+from meds_cli.engine.config import load_config
+from meds_cli.engine.runs import list_checkpoints
+from meds_cli.engine.trainer import Trainer
 from tests.conftest import needs_embedded
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from benchmarks import eval_backends
-from benchmarks.eval_backends import ModelSpec, apply_checkpoint
+from meds_cli.engine import eval_backends
+from meds_cli.engine.eval_backends import ModelSpec, apply_checkpoint
 from benchmarks.passk import maj_at_k, pass_at_k
 from benchmarks.answer_extraction import answer_key
 from meds_cli.app import app
@@ -162,8 +162,8 @@ def test_bad_input_is_one_line(args, words):
 
 
 def test_eval_of_a_trained_run(tmp_path, data_dir):
-    from meds_cli.config import dump_yaml
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.config import dump_yaml
+    from meds_cli.engine.trainer import Trainer
 
     run_dir = tmp_path / "run"
     cfg = tiny_config("train.steps=1", "optim.lr=0.05", output_dir=run_dir)
@@ -186,7 +186,7 @@ def test_eval_of_a_trained_run(tmp_path, data_dir):
 def test_full_weights_checkpoint(tmp_path):
     from safetensors.torch import save_file
 
-    from meds_cli.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer()
     name = "lm_head.weight"

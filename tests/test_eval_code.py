@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.eval_backends import Generated
+from benchmarks.generation import Generated
 from benchmarks.harness import SAMPLES_FILE, EvalSettings, evaluate, load_benchmarks
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.eval_backends import Generated, Request, resolve_backend
+from benchmarks.generation import Generated, Request
+from meds_cli.engine.eval_backends import resolve_backend
 from benchmarks.harness import (SAMPLES_FILE, EvalSettings, SampleStore, average_scores, check_state, evaluate,
                                 problem_seed, score_benchmark)
 from benchmarks.prompts import code_prompt_text, problem_prompt
 from benchmarks.math_benchmarks import grade_math
 from benchmarks.passk import pass_at_k
-from benchmarks.registry import Benchmark, Problem, Verdict
-from meds_cli.errors import UserError
+from benchmarks.registry import Benchmark
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.errors import UserError
 
 
 def exact_grade(pairs):

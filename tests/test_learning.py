@@ -4,7 +4,7 @@ surrogate or the aggregation makes reward fall instead, and this test fail."""
 
 import pytest
 
-from meds_cli.trainer import Trainer
+from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
 MAX_STEPS = 200

@@ -1,6 +1,7 @@
 """The math benchmark loaders on the shared data copies, the hub path offline, the training file."""
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 import benchmarks.math_benchmarks as math_benchmarks
 from benchmarks.answer_extraction import number_literal_value
 from benchmarks.registry import BENCHMARKS
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 DATA = Path("/work/shared/data")
 ROWS = {
@@ -158,11 +159,11 @@ def test_load_math_file_jsonl_and_errors(tmp_path):
     assert [p.answer for p in math_benchmarks.load_math_file(path)] == ["\\frac{1}{2}", "x"]
     bad = tmp_path / "bad.json"
     bad.write_text('[{"answer": "3"}]')
-    with pytest.raises(UserError, match="row 0"):
+    with pytest.raises(UserError, match="no usable row: 1 without a problem text \\(row 0\\)"):
         math_benchmarks.load_math_file(bad)
     unanswered = tmp_path / "unanswered.json"
     unanswered.write_text('[{"problem": "p", "answer": null}]')
-    with pytest.raises(UserError, match="no row has a gold answer"):
+    with pytest.raises(UserError, match="no usable row: 1 without an answer"):
         math_benchmarks.load_math_file(unanswered)
     with pytest.raises(UserError, match="not found"):
         math_benchmarks.load_math_file(tmp_path / "missing.json")
@@ -201,3 +202,155 @@ def test_load_math_source(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
     with pytest.raises(UserError, match="no-such-owner/no-such-set"):
         math_benchmarks.load_math_source("no-such-owner/no-such-set")
+
+
+# --- bad rows, row counts and pinned revisions ------------------------------------------------
+
+def _write_benchmark(folder: Path, name: str, lines: list) -> Path:
+    (folder / name).mkdir(parents=True, exist_ok=True)
+    path = folder / name / "test.jsonl"
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines))
+    return path
+
+
+def test_bad_benchmark_rows_are_skipped_counted_and_never_graded(tmp_path, caplog):
+    good = [{"problem": f"q{i}", "answer": str(i)} for i in range(28)]
+    path = _write_benchmark(tmp_path, "aime24", good[:5] + [
+        b'{"problem": "cut off', {"problem": "no answer", "answer": None}, {"problem": "empty", "answer": " "},
+        {"answer": "7"}, b"\xff\xfe not utf-8", ["a", "list"],
+    ] + good[5:])
+    with caplog.at_level(logging.WARNING):
+        problems = BENCHMARKS.get("aime24").load(tmp_path, None)
+    assert [p.answer for p in problems] == [str(i) for i in range(28)]  # never "None"
+    assert problems.data["skipped"] == {"not valid JSON": 1, "without an answer": 2, "without a problem text": 1,
+                                        "not UTF-8 text": 1, "not a JSON object": 1}
+    assert problems.data["problems"] == 28 and problems.data["expected_problems"] == 30
+    assert problems.data["count_ok"] is False and problems.data["source"] == str(path)
+    note = problems.data["note"]
+    assert note.startswith("28 problems where aime24 has 30; skipped 6 of 34 rows: ")
+    assert "1 not valid JSON (line 6)" in note and "2 without an answer (line 7, line 8)" in note
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "aime24" in warning and note in warning and "\n" not in warning
+    # Problem ids count rows in the file, so fixing a bad row later does not renumber the others.
+    assert problems[5].id == "aime24/11"
+    # --limit takes the first problems and keeps the data record of the whole file.
+    limited = BENCHMARKS.get("aime24").load(tmp_path, 3)
+    assert len(limited) == 3 and limited.data == problems.data
+
+
+def test_repeated_problem_id_is_skipped(tmp_path):
+    _write_benchmark(tmp_path, "math500", [{"problem": "a", "answer": "1", "unique_id": "x"},
+                                           {"problem": "b", "answer": "2", "unique_id": "x"},
+                                           {"problem": "c", "answer": "3", "unique_id": None}])
+    problems = BENCHMARKS.get("math500").load(tmp_path, None)
+    assert [(p.id, p.answer) for p in problems] == [("math500/x", "1"), ("math500/2", "3")]
+    assert problems.data["skipped"] == {"with a repeated id": 1}
+
+
+def test_benchmark_row_count_is_checked(tmp_path):
+    _write_benchmark(tmp_path, "amc23", [{"question": f"q{i}", "answer": float(i)} for i in range(40)])
+    exact = BENCHMARKS.get("amc23").load(tmp_path, None)
+    assert exact.data["count_ok"] is True and exact.data["note"] == "" and exact.data["skipped"] == {}
+    _write_benchmark(tmp_path, "amc23", [{"question": f"q{i}", "answer": float(i)} for i in range(41)])
+    extra = BENCHMARKS.get("amc23").load(tmp_path, None)
+    assert extra.data["count_ok"] is False and extra.data["note"] == "41 problems where amc23 has 40"
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([b"not json at all", b"{broken"], "no usable row: 2 not valid JSON (line 1, line 2)"),
+    ([{"problem": "p", "answer": None}], "no usable row: 1 without an answer (line 1)"),
+    ([{"question": "p", "answer": "no hashes"}], "no usable row: 1 without an answer (line 1)"),  # gsm8k needs ####
+])
+def test_benchmark_without_usable_rows_is_one_line(tmp_path, lines, message):
+    path = _write_benchmark(tmp_path, "gsm8k", lines)
+    with pytest.raises(UserError) as error:
+        BENCHMARKS.get("gsm8k").load(tmp_path, None)
+    assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_answer_normalizers_refuse_missing_answers():
+    for row in ({"answer": None}, {"answer": ""}, {"answer": True}, {"answer": float("nan")}, {"answer": [1]}, {}):
+        with pytest.raises(math_benchmarks.BadRow):
+            math_benchmarks._plain_answer(row)
+    for row in ({"final_answer": []}, {"final_answer": None}, {"final_answer": ["  "]}, {"final_answer": [3]}):
+        with pytest.raises(math_benchmarks.BadRow):
+            math_benchmarks._olympiad_answer(row)
+    with pytest.raises(math_benchmarks.BadRow):
+        math_benchmarks._minerva_answer({"solution": "no box here"})
+    assert math_benchmarks._olympiad_answer({"final_answer": ["$69$", "$84$"]}) == "69, 84"
+
+
+HUB_PINS = {  # benchmark: (hub id, config, split, revision, problems the pinned copy holds)
+    "aime24": ("HuggingFaceH4/aime_2024", None, "train", "2fe88a2f1091d5048c0f36abc874fb997b3dd99a", 30),
+    "aime25": ("math-ai/aime25", None, "test", "563bb8404243c5f09de6ec262f2db674fe5bce9b", 30),
+    "amc23": ("math-ai/amc23", None, "test", "80815d37005feb82cd7f8fbc6901d5d3eff43057", 40),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test", "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be", 500),
+    "olympiadbench": ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
+                      "91184b52131e7fc9455fef848035173aea8cc01a", 674),
+    "gsm8k": ("openai/gsm8k", "main", "test", "740312add88f781978c0658806c59bc2815b9866", 1319),
+    "minerva_math": ("math-ai/minervamath", None, "test", "ee46ddc498933b1977577953250ca5c66be64f96", 272),
+}
+
+
+def _hub_row(name: str, i: int) -> dict:
+    """A row laid out like the hub copy of each benchmark."""
+    if name == "olympiadbench":
+        return {"question": f"q{i}", "final_answer": [f"${i}$"]}
+    if name == "gsm8k":
+        return {"question": f"q{i}", "answer": f"so\n#### {i}"}
+    return {"problem": f"q{i}", "answer": str(i)}
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """datasets.load_dataset answering from memory with `rows[name]` rows; the calls are recorded."""
+    import datasets
+
+    import meds_cli.core.hub
+
+    calls, rows = [], {}
+    by_id = {hub_id: name for name, (hub_id, *_rest) in HUB_PINS.items()}
+
+    def load_dataset(path, name=None, *, split=None, revision=None, **kwargs):
+        calls.append({"path": path, "name": name, "split": split, "revision": revision})
+        count = rows.get(by_id[path], HUB_PINS[by_id[path]][4])
+        return [_hub_row(by_id[path], i) for i in range(count)]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(meds_cli.core.hub, "offline_unless_reachable", lambda: False)
+    return calls, rows
+
+
+def test_hub_loaders_pin_a_revision(fake_hub):
+    calls, _ = fake_hub
+    for name, (hub_id, config, split, revision, count) in HUB_PINS.items():
+        problems = BENCHMARKS.get(name).load(None, None)
+        assert calls[-1] == {"path": hub_id, "name": config, "split": split, "revision": revision}
+        assert len(problems) == count and problems.data["count_ok"] is True, name
+        assert problems.data["source"] == f"{hub_id}@{revision}"
+        assert problems[0].answer == "0"
+
+
+def test_hub_copy_with_a_different_row_count_is_flagged(fake_hub, caplog):
+    _, rows = fake_hub
+    rows["aime25"] = 31  # the id moved to a copy with one more problem
+    with caplog.at_level(logging.WARNING):
+        problems = BENCHMARKS.get("aime25").load(None, None)
+    assert problems.data["count_ok"] is False and problems.data["note"] == "31 problems where aime25 has 30"
+    assert any("aime25" in r.getMessage() and "31 problems" in r.getMessage() for r in caplog.records)
+
+
+def test_eval_report_shows_the_data_note():
+    from rich.console import Console
+
+    from benchmarks.eval_report import score_table
+
+    scores = {"problems": 28, "pass@k": {"1": 0.5}, "maj@k": {"1": 0.5}, "mean_response_length": 10.0,
+              "truncated_share": 0.0, "timeouts": 0}
+    document = {"model": "m", "config": {"n": 1}, "average": scores,
+                "benchmarks": {"aime24": {**scores, "data": {"note": "28 problems where aime24 has 30"}},
+                               "amc23": {**scores, "data": {"note": ""}}}}
+    console = Console(record=True, width=200)
+    console.print(score_table(document))
+    text = console.export_text()
+    assert "warning: aime24: 28 problems where aime24 has 30" in text and "amc23:" not in text

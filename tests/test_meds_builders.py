@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.meds import FEATURES, LABEL
 from algorithms.meds_clusterers import (CLUSTERERS, ShuffledLabels, best_k_by_silhouette, cluster_settings,
                                         small_clusters_as_noise)
 from algorithms.meds_feature_builders import FEATURE_BUILDERS
 from benchmarks.tasks import build_task
-from meds_cli.errors import UserError
-from meds_cli.rollout import sample_responses, score_rollouts
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.core.errors import UserError
+from meds_cli.engine.rollout import sample_responses, score_rollouts
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
 
 G = 6  # responses per prompt

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from algorithms import build_algorithm
+from meds_cli.engine.algorithm_setup import build_algorithm
 from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
-from benchmarks.registry import Problem
-from meds_cli.errors import UserError
-from meds_cli.rollout import _assemble, score_rollouts
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.core.records import Problem
+from meds_cli.core.errors import UserError
+from meds_cli.engine.rollout import _assemble, score_rollouts
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
 
 

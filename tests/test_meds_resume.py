@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from meds_cli.runs import MetricsLog
-from meds_cli.trainer import TIMING_KEYS, Trainer
+from meds_cli.engine.runs import MetricsLog
+from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 
 # One sampling round a step (no dynamic sampling) keeps the test fast; the memory still grows.

@@ -5,11 +5,12 @@ import time
 import pytest
 import torch
 
-from meds_cli.config import LoraConfig
-from meds_cli.errors import UserError
-from meds_cli.model import (apply_lora, load_model_and_tokenizer, model_aliases, output_head, reference_context,
+from meds_cli.engine.config import LoraConfig
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model import (apply_lora, load_model_and_tokenizer, model_aliases, reference_context,
                             resolve_model)
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.core.forward import output_head
 from tests.conftest import needs_embedded
 
 

@@ -5,8 +5,8 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from meds_cli.runs import MetricsLog, list_checkpoints
-from meds_cli.trainer import TIMING_KEYS, Trainer
+from meds_cli.engine.runs import MetricsLog, list_checkpoints
+from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 
 

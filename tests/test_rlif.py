@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from algorithms import build_algorithm
-from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages, kl_cov_loss, kl_cov_select,
+from meds_cli.engine.algorithm_setup import build_algorithm
+from algorithms.policy_loss import kl_cov_loss, kl_cov_select
+from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages,
                                          read_answer, self_certainty)
-from benchmarks.registry import Problem, Verdict
-from meds_cli.rollout import ForwardView, Rollouts
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.core.forward import ForwardView
+from meds_cli.core.rollouts import Rollouts
 from tests.conftest import needs_embedded, tiny_config
 
 LN2, LN3 = math.log(2), math.log(3)
@@ -171,7 +173,7 @@ def test_rewards_from_texts_and_the_sampling_pass_only():
 
 
 def _run(tmp_path, steps, *overrides, garbage_gold=False):
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     cfg = tiny_config("algo.name=rlif-multireward", "model.lora.enabled=false", "optim.lr=0.003",
                       f"train.steps={steps}", "train.ppo_epochs=2", *overrides, output_dir=tmp_path)
@@ -224,7 +226,7 @@ def test_tiny_model_trains_stably_with_rlif(tmp_path):
 @pytest.mark.slow
 @needs_embedded
 def test_one_real_step_on_smollm2(tmp_path):
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     cfg = tiny_config("model.name=smollm2-135m", "task.name=arithmetic", "algo.name=rlif-multireward",
                       "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32",
@@ -236,7 +238,7 @@ def test_one_real_step_on_smollm2(tmp_path):
 
 
 def test_example_config_loads():
-    from meds_cli.config import load_config
+    from meds_cli.engine.config import load_config
 
     cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs" / "rlif_smollm2.yaml")])
     assert cfg.algo.name == "rlif-multireward" and cfg.section("rlif-multireward").kl_cov_ratio == 0.02

@@ -2,7 +2,7 @@
 
 import torch
 
-from meds_cli.rollout import Rollouts
+from meds_cli.core.rollouts import Rollouts
 from tests.rollout_factory import make_rollouts
 
 

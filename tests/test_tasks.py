@@ -1,10 +1,14 @@
-"""Training tasks: the arithmetic task's splits and its reward, which boxed expressions cannot game."""
+"""Training tasks: the arithmetic task's splits and its reward, which boxed expressions cannot game; the
+math task's data file, whose bad rows are skipped and counted."""
+
+import json
+import logging
 
 import pytest
 
 from benchmarks.tasks import PromptSampler, build_task, grade_integer
-from meds_cli.config import TaskConfig
-from meds_cli.errors import UserError
+from meds_cli.engine.config import TaskConfig, load_config
+from meds_cli.core.errors import UserError
 
 
 def test_arithmetic_splits_are_seeded_and_disjoint():
@@ -22,7 +26,7 @@ def test_arithmetic_splits_are_seeded_and_disjoint():
 
 def test_arithmetic_rejects_unknown_operations():
     with pytest.raises(UserError, match="add, sub, mul"):
-        build_task(TaskConfig(operations=["pow"]), 0)
+        load_config(overrides=["task.operations=[pow]"])
 
 
 @pytest.mark.parametrize("response, gold, fmt, correct", [
@@ -34,6 +38,11 @@ def test_arithmetic_rejects_unknown_operations():
     ("27 + 82 = 109", 109, "boxed_or_last_integer", True),
     ("27 + 82", 109, "boxed_or_last_integer", False),     # the last number is 82
     ("\\boxed{7} no wait 8", 7, "boxed_or_last_integer", True),  # a box wins over later numbers
+    ("\\boxed{10 9}", 109, "boxed", False),               # a separator never joins two numbers
+    ("\\boxed{1, 234}", 1234, "boxed", False),
+    ("\\boxed{1,\\!234}", 1234, "boxed", True),          # a thousands separator as MATH writes it
+    ("\\boxed{109.000000}", 109, "boxed", False),         # the integer reward wants an integer
+    ("it is 10 9", 109, "boxed_or_last_integer", False),  # the last number is 9
 ])
 def test_integer_reward(response, gold, fmt, correct):
     assert grade_integer(response, gold, fmt).correct is correct
@@ -47,3 +56,35 @@ def test_prompt_sampler_is_resumable():
     again = PromptSampler(7, seed=3, position=resumed.position)
     assert part + again.take(10) == first
     assert sorted(first[:7]) == list(range(7))  # every problem once per epoch
+
+
+def test_math_task_skips_bad_rows_and_counts_them(tmp_path, caplog):
+    path = tmp_path / "train.jsonl"
+    good = [json.dumps({"problem": f"p{i}", "answer": str(i)}) for i in range(20)]
+    path.write_bytes("\n".join(good[:10] + ['{"problem": "cut', '{"problem": "q", "answer": null}']).encode()
+                     + b"\n\xff\xfe\n" + "\n".join(good[10:]).encode())
+    with caplog.at_level(logging.WARNING):
+        task = build_task(TaskConfig(name="math", path=str(path), eval_size=2), 0)
+    assert len(task.train) + len(task.held_out) == 20 and len(task.held_out) == 2
+    assert all(p.answer != "None" for p in task.train + task.held_out)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "skipped 3 of 23 rows" in warning and "1 not valid JSON (line 11)" in warning
+    assert "1 without an answer (line 12)" in warning and "1 not UTF-8 text (line 13)" in warning
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'[{"problem": "p", "answer": "1"},', "is not valid JSON (line 1, column 34"),
+    (b'[{"problem": "caf\xe9", "answer": "1"}]', "is not UTF-8 text"),
+    (b'{"problem": "p"}\n{"question": "q", "answer": ""}\n', "has no usable row: 2 without an answer (line 1, line 2)"),
+    (b'{"answer": "1"}\n', "has no usable row: 1 without a problem text (line 1)"),
+    (b"\x00\x01binary\n\xff", "has no usable row: 1 not valid JSON (line 1), 1 not UTF-8 text (line 2)"),
+    (b"  \n", "is empty"),
+    (b'{"rows": [1, 2]}', "has no usable row: 1 without a problem text (line 1)"),
+])
+def test_math_task_unusable_file_is_one_line(tmp_path, content, message):
+    path = tmp_path / "train.json"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as error:
+        build_task(TaskConfig(name="math", path=str(path)), 0)
+    assert message in str(error.value) and str(path) in str(error.value)
+    assert "\n" not in str(error.value)

@@ -7,7 +7,7 @@ time with a one-line description, which `meds list` prints.
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
-from meds_cli.errors import UserError, nearest
+from meds_cli.core.errors import UserError, nearest
 
 T = TypeVar("T")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from meds_cli import runs
-from meds_cli.errors import UserError, nearest
+from meds_cli.engine import runs
+from meds_cli.core.errors import UserError, nearest
 
 SAMPLES = 2  # sample responses shown per cluster
 TOP_ANSWERS = 3
@@ -57,7 +57,7 @@ def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
 def run_settings(run_dir: Path):
     """The clustering the run trained with (its meds.clusterer and parameters)."""
     from algorithms.meds_clusterers import cluster_settings
-    from meds_cli.config import load_config
+    from meds_cli.engine.config import load_config
 
     cfg = load_config([str(run_dir / "config.yaml")])
     return cluster_settings(cfg.section("meds"))

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
-ALIASES_FILE = Path(__file__).resolve().parent.parent / "configs" / "models.yaml"
+ALIASES_FILE = Path(__file__).resolve().parents[2] / "configs" / "models.yaml"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
@@ -112,12 +112,12 @@ def load_tokenizer(source: str):
 def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
     if name == TINY:
-        from meds_cli.tiny import tiny_model_and_tokenizer
+        from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
         return tiny_model_and_tokenizer()
     source = resolve_model(name)
     if not Path(source).is_dir():
-        from meds_cli.hub import offline_unless_reachable
+        from meds_cli.core.hub import offline_unless_reachable
 
         offline_unless_reachable()
     from transformers import AutoModelForCausalLM
@@ -167,13 +167,3 @@ def reference_context(model):
     if hasattr(inner, "disable_adapter"):
         return inner.disable_adapter
     raise UserError("a KL term to the reference policy needs LoRA (lora.enabled: true); set kl_coef: 0 to train all weights")
-
-
-def output_head(model):
-    """(final norm, lm_head) of a causal LM, for the logit lens; works through peft and DDP wrappers."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    body = getattr(inner, "model", None)
-    norm = getattr(body, "norm", None) if body is not None else None
-    return norm, inner.get_output_embeddings()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meds_cli import runs
+from meds_cli.engine import runs
 
 METRICS = [  # (key, column header)
     ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),
@@ -39,8 +39,8 @@ def memory_ari(run_dir: Path) -> float | None:
     """Mean ARI of clusters vs final answers over the prompts of the last checkpoint's memory."""
     from algorithms.meds_clusterers import cluster_settings
     from algorithms.meds_feature_builders import FEATURE_BUILDERS
-    from meds_cli.cluster_inspect import analyse_prompt, load_memory
-    from meds_cli.config import load_config
+    from meds_cli.commands.cluster_inspect import analyse_prompt, load_memory
+    from meds_cli.engine.config import load_config
 
     cfg = load_config([str(run_dir / "config.yaml")])
     if cfg.algo.name != "meds" or not runs.list_checkpoints(run_dir):
@@ -196,8 +196,8 @@ def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
 
 
 def write_report(folder: Path, variants, eval_options, console) -> dict:
-    from meds_cli.ablate_eval import results_path
-    from meds_cli.config import load_config
+    from meds_cli.commands.ablate_eval import results_path
+    from meds_cli.engine.config import load_config
 
     results = {}
     for v in variants:

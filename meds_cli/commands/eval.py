@@ -11,16 +11,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from benchmarks.eval_backends import GenerationSettings, ModelSpec, make_backend, resolve_backend
+from benchmarks.generation import GenerationSettings
+from meds_cli.engine.eval_backends import ModelSpec, make_backend, resolve_backend
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.harness import EvalSettings, check_state, evaluate, load_benchmarks
-from meds_cli import runs
-from meds_cli.errors import UserError
+from meds_cli.engine import runs
+from meds_cli.core.errors import UserError
 
 
 def model_for_run(run_dir: Path, step: int | None, dtype: str | None) -> ModelSpec:
     """The run's base model (config.yaml model.name) with its last or chosen checkpoint."""
-    from meds_cli.config import load_config
+    from meds_cli.engine.config import load_config
 
     run_dir = runs.resolve_run_dir(str(run_dir))
     cfg = load_config([str(run_dir / "config.yaml")])

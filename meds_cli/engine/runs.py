@@ -22,7 +22,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds"]
 

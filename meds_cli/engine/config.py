@@ -19,19 +19,10 @@ from typing import Any
 
 import yaml
 
-from meds_cli.errors import UserError, nearest
-
-
-def choice(default: str, options: list[str], help: str = ""):
-    """A string field that only accepts one of `options`."""
-    return field(default=default, metadata={"choices": options, "help": help})
-
-
-def doc(default: Any, help: str):
-    """A field with help text (mutable defaults are copied per instance)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: typing.cast(Any, type(default))(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+from algorithms import ALGORITHMS
+from benchmarks.tasks import OPERATIONS
+from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.fields import at_least, choice, doc, require, validate_section
 
 
 @dataclass
@@ -59,11 +50,16 @@ class TaskConfig:
     path: str = doc("", "math task: JSON/JSONL file or hub dataset name; code tasks: a data folder laid out like shared/data (empty: the hub)")
     prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
-    digits: int = doc(1, "arithmetic: digits per operand (difficulty)")
+    digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
     train_size: int = doc(2000, "arithmetic: number of training problems")
     eval_size: int = doc(64, "held-out problems for evaluation")
     answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
     code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, or the share of tests passed")
+
+    def validate(self, prefix: str) -> None:
+        unknown = [op for op in self.operations if op not in OPERATIONS]
+        require(not unknown and bool(self.operations),
+                f"{prefix}operations {unknown or self.operations} not accepted; choose from {', '.join(OPERATIONS)}")
 
 
 @dataclass
@@ -74,8 +70,8 @@ class RewardConfig:
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes")
-    group_size: int = doc(8, "G: responses sampled per prompt")
+    prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
+    group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
     temperature: float = doc(1.0, "sampling temperature")
     top_p: float = doc(1.0, "nucleus sampling threshold")
     max_new_tokens: int = doc(64, "response length limit; longer responses are truncated")
@@ -94,11 +90,11 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = doc(20, "training steps (rollout batches)")
+    steps: int = doc(20, "training steps (rollout batches)", at_least(1))
     seed: int = doc(0, "seed for data order, sampling and initialization")
-    ppo_epochs: int = doc(1, "passes over each rollout batch")
+    ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)")
-    micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)")
+    micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
     mixed_precision: str = choice("no", ["no", "bf16", "fp16"], "Accelerate mixed precision")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end)")
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
@@ -137,8 +133,6 @@ class RunConfig:
 
 
 def algorithm_sections() -> dict[str, type]:
-    from algorithms import ALGORITHMS  # imported late: algorithms import this module
-
     return {entry.name: entry.obj.config_class for entry in ALGORITHMS.entries()}
 
 
@@ -219,7 +213,24 @@ def build_run_config(data: dict) -> RunConfig:
             raise UserError(f"unknown config section '{key}'{nearest(key, valid)}; valid: {', '.join(valid)}")
     cfg = build(RunConfig, fixed)
     cfg.algorithms = {name: build(cls, data.get(name), name + ".") for name, cls in sections.items()}
+    validate(cfg)
     return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every section's checks (meds_cli/core/fields.py), before any model loads or folder is made."""
+
+    def walk(section, prefix: str):
+        validate_section(section, prefix)
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+
+    for name in FIXED_SECTIONS:
+        walk(getattr(cfg, name), name + ".")
+    for name, section in cfg.algorithms.items():
+        walk(section, name + ".")
 
 
 # ---------------------------------------------------------------- files and overrides

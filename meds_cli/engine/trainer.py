@@ -11,7 +11,6 @@ with the same global batch.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import signal
@@ -22,14 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms import build_algorithm
 from algorithms.policy_loss import agg_loss
 from benchmarks.tasks import PromptSampler, build_task
-from meds_cli import runs
-from meds_cli.errors import UserError
-from meds_cli.metrics import mean_of, rollout_metrics
-from meds_cli.model import apply_lora, load_model_and_tokenizer, reference_context
-from meds_cli.rollout import Rollouts, response_forward, sample_responses, score_rollouts, token_logprobs
+from meds_cli.engine import checkpoints, runs
+from meds_cli.engine.algorithm_setup import build_algorithm, optimizer_steps_per_batch
+from meds_cli.core.errors import UserError
+from meds_cli.engine.metrics import mean_of, rollout_metrics
+from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
+from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.rollout import response_forward, sample_responses, score_rollouts, token_logprobs
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
 
@@ -55,8 +55,8 @@ class Trainer:
         self.acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         self._validate()
-        self.algorithm = build_algorithm(cfg)
         self.task = build_task(cfg.task, cfg.train.seed)
+        self.algorithm = build_algorithm(cfg, self.task)
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self._seed(cfg.train.seed)
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
@@ -67,7 +67,7 @@ class Trainer:
         self.model, self.optimizer = self.acc.prepare(model, optimizer)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
-        total = cfg.train.steps * cfg.train.ppo_epochs * self._mini_batches_per_epoch()
+        total = cfg.train.steps * optimizer_steps_per_batch(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,16 +84,6 @@ class Trainer:
             raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over {self.world} processes")
         if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
             raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
-        for key in ("steps", "ppo_epochs", "micro_batch_size"):
-            if getattr(cfg.train, key) < 1:
-                raise UserError(f"train.{key} must be at least 1, got {getattr(cfg.train, key)}")
-        if cfg.rollout.group_size < 1 or cfg.rollout.prompts_per_step < 1:
-            raise UserError("rollout.group_size and rollout.prompts_per_step must be at least 1")
-
-    def _mini_batches_per_epoch(self) -> int:
-        batch = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
-        mini = self.cfg.train.mini_batch_size or batch
-        return max(1, math.ceil(batch / mini))
 
     def _seed(self, value: int):
         random.seed(value)
@@ -167,8 +157,9 @@ class Trainer:
                 "groups_dropped": all_sampled.num_groups - kept, "groups_trained": groups}
         if groups < quota and not self._warned_short_batch:
             self._warned_short_batch = True
+            hint = algo.short_batch_hint()
             self._say(f"[yellow]warning:[/] only {groups} of {quota} groups per process had a reward spread after "
-                      f"{rounds} sampling rounds; training on what was kept (raise max_gen_batches to sample more)")
+                      f"{rounds} sampling rounds; training on what was kept" + (f" ({hint})" if hint else ""))
         if groups == 0:
             return None, all_sampled, info
         batch = Rollouts.concat([p for p in kept_parts if p.size], self.tokenizer.pad_token_id)
@@ -330,56 +321,10 @@ class Trainer:
 
             Console(stderr=True).print(text)
 
-    # ------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------ checkpoints (meds_cli/engine/checkpoints.py)
 
     def save_checkpoint(self) -> Path:
-        from safetensors.torch import save_file
-
-        acc = self.acc
-        acc.wait_for_everyone()
-        tmp = runs.temporary_checkpoint_dir(self.run_dir, self.step)  # every rank writes its RNG and algorithm state there
-        if acc.is_main_process:
-            runs.begin_checkpoint(self.run_dir, self.step)
-            model = self.unwrapped
-            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-            save_file(trainable, str(tmp / "weights.safetensors"))
-            if hasattr(model, "peft_config"):
-                model.save_pretrained(str(tmp / "adapter"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-            state = {"step": self.step, "sampler_position": self.sampler.position, "world_size": self.world,
-                     "model": self.cfg.model.name, "algorithm": self.cfg.algo.name}
-            (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-        acc.wait_for_everyone()
-        torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-                   tmp / f"rng_{self.rank}.pt")
-        torch.save(self.algorithm.state_dict(), tmp / f"algorithm_{self.rank}.pt")
-        acc.wait_for_everyone()
-        final = runs.checkpoint_dir(self.run_dir, self.step)
-        if acc.is_main_process:
-            final = runs.finish_checkpoint(tmp, self.run_dir, self.step)
-        acc.wait_for_everyone()
-        return final
+        return checkpoints.save_checkpoint(self)
 
     def load_checkpoint(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        state = json.loads((path / "state.json").read_text())
-        if state.get("world_size", 1) != self.world:
-            raise UserError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume it with the same number")
-        weights = load_file(str(path / "weights.safetensors"))
-        missing = self.unwrapped.load_state_dict(weights, strict=False)
-        unexpected = [k for k in missing.unexpected_keys]
-        if unexpected:
-            raise UserError(f"checkpoint {path} does not match this model (unexpected weights such as {unexpected[0]})")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        rng = torch.load(path / f"rng_{self.rank}.pt", weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        self.algorithm.load_state_dict(torch.load(path / f"algorithm_{self.rank}.pt", weights_only=False))
-        self.step = state["step"]
-        self.sampler.position = state["sampler_position"]
-        if self.acc.is_main_process:
-            self.metrics.truncate_after(self.step)
+        checkpoints.load_checkpoint(self, path)

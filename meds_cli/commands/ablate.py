@@ -5,8 +5,8 @@ last_half,last:4 --seeds 0,1,2`: the cartesian product) and/or a YAML grid (conf
 format below). Each variant is the base config (`--config`, `--set`, algorithm meds) plus its
 own overrides only; a baseline of MEDS's base algorithm (DAPO unless `algo.base` says otherwise)
 runs beside them unless `--no-baseline`. Every variant trains through the real Trainer
-(meds_cli.train_command.run_training) in ABLATION_DIR/<variant>/, is evaluated
-(meds_cli.ablate_eval), and the report (meds_cli.ablate_report) compares them, mean and std over
+(meds_cli.commands.train.run_training) in ABLATION_DIR/<variant>/, is evaluated
+(meds_cli.commands.ablate_eval), and the report (meds_cli.commands.ablate_report) compares them, mean and std over
 seeds. Rerunning the same command with `--output ABLATION_DIR` skips finished variants and
 resumes an interrupted one from its last checkpoint.
 
@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meds_cli import runs
-from meds_cli.config import load_config, read_yaml
-from meds_cli.errors import UserError, nearest
+from meds_cli.engine import runs
+from meds_cli.engine.config import load_config, read_yaml
+from meds_cli.core.errors import UserError, nearest
 
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers", "train.seed": "seed"}
@@ -160,7 +160,7 @@ def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, see
     base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_config(files, base_sets + ["algo.name=meds"])
     variants = expand(grid, base.algo.base if baseline and grid.baseline else None)
-    from algorithms import build_algorithm
+    from meds_cli.engine.algorithm_setup import build_algorithm
 
     for variant in variants:  # every variant's config and algorithm settings are checked before anything trains
         build_algorithm(load_config(files, base_sets + variant_sets(variant)))
@@ -189,7 +189,7 @@ def claim_folder(plan: Plan) -> None:
 
 def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> None:
     """Train to plan.steps: fresh, resumed from the last checkpoint, or not at all when done."""
-    from meds_cli.train_command import run_training
+    from meds_cli.commands.train import run_training
 
     run_dir = plan.folder / variant.name
     done = runs.list_checkpoints(run_dir)
@@ -209,8 +209,8 @@ def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> N
 
 def run_ablation(plan: Plan, eval_options, *, console, quiet: bool = False, argv=()) -> dict:
     """Train and evaluate every variant not finished yet, then write the report."""
-    from meds_cli.ablate_eval import evaluate_variant, results_path
-    from meds_cli.ablate_report import write_report
+    from meds_cli.commands.ablate_eval import evaluate_variant, results_path
+    from meds_cli.commands.ablate_report import write_report
 
     eval_options.settings(1)  # a bad --k / --benchmarks fails before the first variant trains
     claim_folder(plan)
@@ -237,7 +237,7 @@ def probe_step_seconds(plan: Plan) -> float:
     """Seconds of one training step of the base config (MEDS), model loading excluded."""
     import tempfile
 
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     cfg = load_config(plan.config_files, plan.base_sets + ["algo.name=meds", "train.steps=1", "eval.every=0"])
     with tempfile.TemporaryDirectory() as folder:

@@ -1,4 +1,4 @@
-"""Generation backends of `meds eval`: batched HF generate everywhere, vLLM where it is installed
+"""Generation backends of `meds eval` (the interface is benchmarks/generation.py): batched HF generate everywhere, vLLM where it is installed
 and a GPU is present, behind one small interface.
 
 A backend turns requests (prompt, n, seed) into n responses each. The seed belongs to the
@@ -21,35 +21,11 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from meds_cli.errors import UserError
+from benchmarks.generation import Backend, GenerationSettings, Generated, Request
+from meds_cli.core.errors import UserError
 
 BACKENDS = ("auto", "hf", "vllm")
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    batch_size: int  # rows per HF generate call (vLLM schedules its own batches)
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt: str
-    n: int
-    seed: int
-
-
-@dataclass
-class Generated:
-    """The n responses of one request, in sample order."""
-
-    texts: list[str]
-    lengths: list[int]  # response tokens, EOS included
-    truncated: list[bool]  # no EOS within max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -66,14 +42,6 @@ class ModelSpec:
         if self.checkpoint is None:
             return self.name
         return f"{self.checkpoint.parent.parent.name}@{self.checkpoint.name}"
-
-
-class Backend(Protocol):
-    name: str
-    tokenizer: object
-    chunk_problems: int  # how many problems the harness hands over per call
-
-    def generate(self, requests: list[Request]) -> list[Generated]: ...
 
 
 def _cuda() -> bool:
@@ -109,7 +77,7 @@ def _dtype(spec: ModelSpec) -> str:
 
 def load_hf_policy(spec: ModelSpec):
     """(model in eval mode on the best device, tokenizer), with the checkpoint applied."""
-    from meds_cli.model import load_model_and_tokenizer
+    from meds_cli.engine.model import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
     if spec.checkpoint is not None:
@@ -138,7 +106,7 @@ def apply_checkpoint(model, spec: ModelSpec):
         # LoRA weights without the adapter folder: rebuild the adapter the run trained.
         if spec.lora is None:
             raise UserError(f"checkpoint {checkpoint} holds LoRA weights but its run config has no lora section")
-        from meds_cli.model import apply_lora
+        from meds_cli.engine.model import apply_lora
 
         model = apply_lora(model, spec.lora)
     result = model.load_state_dict(weights, strict=False)
@@ -149,7 +117,7 @@ def apply_checkpoint(model, spec: ModelSpec):
 
 
 class HFBackend:
-    """Batched HF generate through meds_cli.rollout.sample_responses, one problem per call."""
+    """Batched HF generate through meds_cli.engine.rollout.sample_responses, one problem per call."""
 
     name = "hf"
     chunk_problems = 1
@@ -160,7 +128,7 @@ class HFBackend:
     def generate(self, requests: list[Request]) -> list[Generated]:
         import torch
 
-        from meds_cli.rollout import sample_responses
+        from meds_cli.engine.rollout import sample_responses
 
         out = []
         s = self.settings
@@ -186,7 +154,7 @@ class VLLMBackend:
     def __init__(self, spec: ModelSpec, settings: GenerationSettings):
         from vllm import LLM  # noqa: PLC0415 - optional dependency
 
-        from meds_cli.model import TINY, load_tokenizer, resolve_model
+        from meds_cli.engine.model import TINY, load_tokenizer, resolve_model
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
@@ -229,7 +197,7 @@ def _merged_copy(spec: ModelSpec) -> Path:
     checkpoint's weights, for vLLM."""
     import hashlib
 
-    from meds_cli.model import cache_dir, load_model_and_tokenizer
+    from meds_cli.engine.model import cache_dir, load_model_and_tokenizer
 
     weights = spec.checkpoint / "weights.safetensors"
     key = hashlib.sha256(f"{weights.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:16]

@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli import runs
-from meds_cli.errors import UserError
+from meds_cli.engine import runs
+from meds_cli.core.errors import UserError
 
 HELDOUT = "heldout"
 
@@ -62,12 +62,12 @@ def results_path(run_dir: Path, options: EvalOptions, steps: int) -> Path:
 
 def evaluate_variant(run_dir: Path, options: EvalOptions, console=None) -> dict:
     """Evaluate the run's last checkpoint; returns the results document (also on disk)."""
-    from meds_cli.config import load_config
+    from meds_cli.engine.config import load_config
 
     cfg = load_config([str(Path(run_dir) / "config.yaml")])
     settings = options.settings(cfg.rollout.max_new_tokens)
     if not options.heldout:
-        from meds_cli.eval_command import run_eval
+        from meds_cli.commands.eval import run_eval
 
         return run_eval(run_dir=Path(run_dir), model=None, step=None, settings=settings, output=None, quiet=True,
                         console=console)
@@ -75,7 +75,8 @@ def evaluate_variant(run_dir: Path, options: EvalOptions, console=None) -> dict:
 
 
 def heldout_eval(run_dir: Path, cfg, settings) -> dict:
-    from benchmarks.eval_backends import GenerationSettings, HFBackend, ModelSpec, Request, load_hf_policy
+    from benchmarks.generation import GenerationSettings, Request
+    from meds_cli.engine.eval_backends import HFBackend, ModelSpec, load_hf_policy
     from benchmarks.harness import average_scores, problem_seed, sample_rows, score_benchmark
     from benchmarks.registry import Benchmark
     from benchmarks.tasks import CodeTask, build_task

@@ -1,109 +1,16 @@
-"""Rollouts: G sampled responses per prompt, and the no-grad forward pass that scores them.
-
-Layout of a batch of B = P * G sequences (groups are contiguous: rows g*G .. g*G+G-1):
-  input_ids [B, Lp + R]: the prompt left-padded to Lp, then the response right-padded to R.
-  response_mask [B, R]: 1 on response tokens up to and including the first EOS.
-The logits at column Lp - 1 + j predict response token j, so per-token quantities of the
-response (old log-probs, entropy, ...) are [B, R] tensors.
+"""Generation and scoring of rollouts: batched HF generate, and the no-grad forward pass that
+fills old log-probs, entropy and reference log-probs (the batch layout is in meds_cli/core/rollouts.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.registry import Problem, Verdict
-
-
-@dataclass
-class Rollouts:
-    problems: list[Problem]  # one per group
-    group_size: int
-    input_ids: torch.Tensor  # [B, Lp + R]
-    attention_mask: torch.Tensor  # [B, Lp + R]
-    prompt_width: int  # Lp
-    response_ids: torch.Tensor  # [B, R]
-    response_mask: torch.Tensor  # [B, R] float
-    response_texts: list[str]
-    truncated: torch.Tensor  # [B] bool: no EOS within the length limit
-    old_logp: torch.Tensor | None = None  # [B, R]
-    ref_logp: torch.Tensor | None = None  # [B, R], reference policy (adapter disabled)
-    entropy: torch.Tensor | None = None  # [B, R]
-    verdicts: list[Verdict] = field(default_factory=list)  # grader's view; label-free algorithms never read it
-    reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # each [B]
-    rewards: torch.Tensor | None = None  # [B], after shaping
-    advantages: torch.Tensor | None = None  # [B] or [B, R]
-    extras: dict[str, Any] = field(default_factory=dict)  # per-response data an algorithm collects
-
-    @property
-    def size(self) -> int:
-        return self.response_ids.shape[0]
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.problems)
-
-    @property
-    def response_lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1).long()
-
-    def select_groups(self, keep: torch.Tensor) -> "Rollouts":
-        """A new Rollouts with only the groups where `keep` [P] is True (per-response fields follow)."""
-        rows = keep.repeat_interleave(self.group_size).nonzero().squeeze(-1).tolist()
-
-        def take(value):
-            if isinstance(value, torch.Tensor):
-                return value[rows]
-            if isinstance(value, list):
-                return [value[i] for i in rows] if value else []  # an unset per-response list stays empty
-            if isinstance(value, dict):
-                return {k: take(v) for k, v in value.items()}
-            return value
-
-        per_response = {name: take(getattr(self, name)) for name in _PER_RESPONSE}
-        problems = [p for p, k in zip(self.problems, keep.tolist()) if k]
-        return Rollouts(problems=problems, group_size=self.group_size, prompt_width=self.prompt_width, **per_response)
-
-    @staticmethod
-    def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
-        """Join batches from several generation rounds, re-padding to a common width."""
-        parts = [p for p in parts if p.size]
-        if not parts:
-            raise ValueError("Rollouts.concat needs at least one non-empty batch")
-        if len(parts) == 1:
-            return parts[0]
-        prompt_width = max(p.prompt_width for p in parts)
-        width = max(p.response_ids.shape[1] for p in parts)
-
-        def padded(part, name):
-            value = getattr(part, name)
-            if value is None or name not in _PROMPT_SIDE + _RESPONSE_SIDE:
-                return value
-            left = prompt_width - part.prompt_width if name in _PROMPT_SIDE else 0
-            fill = pad_id if name.endswith("_ids") else 0
-            return F.pad(value, (left, width - part.response_ids.shape[1]), value=fill)
-
-        def join(values):
-            if any(v is None for v in values):
-                return None
-            if isinstance(values[0], torch.Tensor):
-                return torch.cat(values)
-            if isinstance(values[0], dict):
-                return {k: join([v[k] for v in values]) for k in values[0]}
-            return [item for value in values for item in value]
-
-        joined = {name: join([padded(p, name) for p in parts]) for name in _PER_RESPONSE + ("problems",)}
-        return Rollouts(group_size=parts[0].group_size, prompt_width=prompt_width, **joined)
-
-
-# How fields join across batches of different widths: [B, Lp + R] tensors are padded on both
-# sides, [B, R] tensors on the right; every other per-response field is concatenated as it is.
-_PROMPT_SIDE = ("input_ids", "attention_mask")
-_RESPONSE_SIDE = ("response_ids", "response_mask", "old_logp", "ref_logp", "entropy")
-_PER_RESPONSE = tuple(f.name for f in fields(Rollouts) if f.name not in ("problems", "group_size", "prompt_width"))
+from meds_cli.core.forward import ForwardView
+from meds_cli.core.records import Problem
+from meds_cli.core.rollouts import Rollouts
 
 
 # ---------------------------------------------------------------- generation
@@ -179,19 +86,6 @@ def _assemble(tokenizer, prompt_ids, prompt_mask, responses, problems, group_siz
 
 
 # ---------------------------------------------------------------- scoring forward pass
-
-
-@dataclass
-class ForwardView:
-    """What an algorithm may look at in the sampling forward pass, for rows `rows` of the batch.
-    `logits` are the response-position logits [b, R, V]; `hidden_states` the per-layer states
-    (embedding output first) over the full sequence, present when the algorithm asked for them."""
-
-    rows: slice
-    logits: torch.Tensor
-    hidden_states: tuple | None
-    model: Any
-    tokenizer: Any = None
 
 
 def response_forward(model, input_ids, attention_mask, prompt_width: int, *, hidden_states: bool = False):

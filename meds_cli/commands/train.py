@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from meds_cli import runs
-from meds_cli.config import RunConfig, dump_yaml, load_config
-from meds_cli.errors import UserError
+from meds_cli.engine import runs
+from meds_cli.engine.config import RunConfig, dump_yaml, load_config
+from meds_cli.core.errors import UserError
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
              ("loss", "loss"), ("time_step_s", "s/step")]
@@ -43,7 +43,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
     cfg, run_dir, checkpoint = prepare_run(config_files, overrides, shortcuts, resume)
     from accelerate import Accelerator
 
-    from meds_cli.trainer import Trainer
+    from meds_cli.engine.trainer import Trainer
 
     accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
     main = accelerator.is_main_process

@@ -6,16 +6,15 @@ import torch
 
 from algorithms.advantages import zero_spread_groups
 from benchmarks.answer_extraction import answer_key
-from meds_cli.rollout import Rollouts
+from meds_cli.core.rollouts import Rollouts
 
 
 def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:
     """Mean over groups of (distinct final answers, distinct wrong final answers), answers
     compared by the maj@k key (0.5 and \\frac{1}{2} are one); no answer is not an answer."""
     all_counts, wrong_counts = [], []
-    g = rollouts.group_size
-    for start in range(0, rollouts.size, g):
-        verdicts = rollouts.verdicts[start:start + g]
+    for rows in rollouts.groups():
+        verdicts = rollouts.verdicts[rows]
         keys = [answer_key(v.extracted) for v in verdicts]
         all_counts.append(len({k for k in keys if k is not None}))
         wrong_counts.append(len({k for k, v in zip(keys, verdicts) if k is not None and not v.correct}))

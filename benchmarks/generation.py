@@ -1,0 +1,42 @@
+"""What the eval harness asks of a generation backend: requests in, responses out.
+
+The backends themselves (HF generate, vLLM) load models, so they live in the engine
+(meds_cli/engine/eval_backends.py); the harness only knows this interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    batch_size: int  # rows per HF generate call (vLLM schedules its own batches)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    n: int
+    seed: int
+
+
+@dataclass
+class Generated:
+    """The n responses of one request, in sample order."""
+
+    texts: list[str]
+    lengths: list[int]  # response tokens, EOS included
+    truncated: list[bool]  # no EOS within max_new_tokens
+
+
+class Backend(Protocol):
+    name: str
+    tokenizer: object
+    chunk_problems: int  # how many problems the harness hands over per call
+
+    def generate(self, requests: list[Request]) -> list[Generated]: ...
