@@ -80,11 +80,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from benchmarks.tasks import build_task
-    from meds_cli.config import LoraConfig, TaskConfig
+    from meds_cli.engine.config import LoraConfig, TaskConfig
     from meds_cli.engine.hf_sampler import HFEngine
     from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
     from meds_cli.core.cpu_budget import configure_torch_threads
-    from meds_cli.model import apply_lora, load_model_and_tokenizer
+    from meds_cli.engine.model import apply_lora, load_model_and_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

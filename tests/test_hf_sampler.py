@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from meds_cli.config import LoraConfig
+from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.hf_sampler import HFEngine, _nucleus, batches_of, choose_tokens, merged_lora, row_uniforms
 from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
-from meds_cli.model import apply_lora
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model import apply_lora
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
 PROBS = [0.1, 0.2, 0.3, 0.4]
 

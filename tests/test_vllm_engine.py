@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from meds_cli.config import LoraConfig
+from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, resolve_engine, supported_lora_rank
 from meds_cli.engine.vllm_engine import VLLMEngine, VLLMOptions, merged_weights
-from meds_cli.errors import UserError
-from meds_cli.model import apply_lora
-from meds_cli.tiny import tiny_model_and_tokenizer
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model import apply_lora
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
 
 STOP = 99
 

@@ -17,7 +17,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 ENGINES = ("hf", "vllm", "auto")
 

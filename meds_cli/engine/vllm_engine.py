@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
-from meds_cli.errors import UserError
+from meds_cli.core.errors import UserError
 
 SYNC_MODES = ("adapter", "merged")
 
