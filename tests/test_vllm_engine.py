@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from meds_cli.engine.config import LoraConfig
+from meds_cli.engine.config import LoraConfig, VLLMConfig, load_config
 from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, resolve_engine, supported_lora_rank
-from meds_cli.engine.vllm_engine import VLLMEngine, VLLMOptions, merged_weights
+from meds_cli.engine.vllm_engine import VLLMEngine, merged_weights
 from meds_cli.core.errors import UserError
 from meds_cli.engine.model import apply_lora
 from meds_cli.engine.tiny import tiny_model_and_tokenizer
@@ -105,9 +105,10 @@ def _policy(lora=True):
     return model
 
 
-def _engine(tmp_path, events, *, lora=True, options=VLLMOptions(), **kwargs):
+def _engine(tmp_path, events, *, lora=True, options=None, **kwargs):
+    options = options or VLLMConfig()
     policy = _policy(lora)
-    engine = VLLMEngine("/models/tiny", options=options, dtype="bfloat16", seed=5, policy=policy,
+    engine = VLLMEngine("/models/tiny", options=options, seed=5, policy=policy,
                         lora_rank=12 if lora else None, scratch_dir=tmp_path, api=fake_api(events), **kwargs)
     return engine, policy
 
@@ -127,7 +128,7 @@ def test_lora_rank_rounds_up_to_a_size_vllm_accepts():
 
 def test_engine_is_built_with_the_options_and_a_rounded_rank(tmp_path):
     events = []
-    _engine(tmp_path, events, options=VLLMOptions(gpu_memory_utilization=0.4, tensor_parallel_size=1, max_model_len=512))
+    _engine(tmp_path, events, options=VLLMConfig(gpu_memory_utilization=0.4, tensor_parallel_size=1, max_model_len=512))
     kwargs = events[0][1]
     assert kwargs["max_lora_rank"] == 16 and kwargs["enable_lora"] and kwargs["max_loras"] == 1
     assert kwargs["gpu_memory_utilization"] == 0.4 and kwargs["enable_sleep_mode"] and kwargs["max_model_len"] == 512
@@ -190,14 +191,14 @@ def test_sleep_during_the_update_and_wake_before_the_push(tmp_path):
 
 def test_no_sleep_mode_means_no_sleep(tmp_path):
     events = []
-    engine, _ = _engine(tmp_path, events, options=VLLMOptions(sleep_level=0))
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(sleep_level=0))
     engine.release()
     assert "sleep" not in _names(events) and not events[0][1]["enable_sleep_mode"]
 
 
 def test_level_two_sleep_wakes_weights_then_loads_then_wakes_the_kv_cache(tmp_path):
     events = []
-    engine, _ = _engine(tmp_path, events, options=VLLMOptions(sleep_level=2, sync="merged"))
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(sleep_level=2, sync="merged"))
     request = [SampleRequest((1,), (3,))]
     engine.generate(request, SETTINGS)
     del events[:]
@@ -210,16 +211,27 @@ def test_level_two_sleep_wakes_weights_then_loads_then_wakes_the_kv_cache(tmp_pa
 
 def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
     with pytest.raises(UserError, match="sleep_level=2"):
-        _engine(tmp_path, [], options=VLLMOptions(sleep_level=2, sync="adapter"))
-    for bad, match in [(VLLMOptions(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
-                       (VLLMOptions(sync="copy"), "rollout.vllm.sync"), (VLLMOptions(sleep_level=3), "sleep_level")]:
-        with pytest.raises(UserError, match=match):
-            _engine(tmp_path, [], options=bad)
+        _engine(tmp_path, [], options=VLLMConfig(sleep_level=2, sync="adapter"))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("rollout.vllm.gpu_memory_utilization=1.5", "must be in \\(0, 1\\], got 1.5"),
+    ("rollout.vllm.sync=copy", "accepted: adapter, merged"),
+    ("rollout.vllm.sleep_level=3", "must be 0, 1 or 2"),
+    ("rollout.vllm.tensor_parallel_size=0", "at least 1"),
+    ("rollout.engine=vvlm", "accepted: hf, vllm, auto"),
+    ("rollout.is_correction=ppo", "accepted: none, tis"),
+    ("rollout.tis_cap=0", "greater than 0"),
+    ("rollout.min_new_tokens=65", "must not exceed max_new_tokens=64"),
+])
+def test_bad_engine_settings_are_refused_when_the_config_loads(setting, message):
+    with pytest.raises(UserError, match=message):
+        load_config(overrides=[setting])
 
 
 def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
     events = []
-    engine, policy = _engine(tmp_path, events, options=VLLMOptions(sync="merged"))
+    engine, policy = _engine(tmp_path, events, options=VLLMConfig(sync="merged"))
     assert "enable_lora" not in events[0][1]
     engine.generate([SampleRequest((1,), (3,))], SETTINGS)
     loaded = engine.llm.loaded[-1]
@@ -232,7 +244,7 @@ def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
 
 def test_weights_load_without_collective_rpc_through_the_driver_worker(tmp_path):
     events = []
-    engine = VLLMEngine("/m", options=VLLMOptions(), dtype="float16", policy=_policy(lora=False),
+    engine = VLLMEngine("/m", options=VLLMConfig(dtype="float16"), policy=_policy(lora=False),
                         api=fake_api(events, with_rpc=False))
     engine.generate([SampleRequest((1,), (3,))], SETTINGS)
     assert "collective_rpc" not in _names(events) and "load_weights" in _names(events)
@@ -241,7 +253,7 @@ def test_weights_load_without_collective_rpc_through_the_driver_worker(tmp_path)
 
 def test_a_fixed_checkpoint_adapter_is_served_and_never_pushed(tmp_path):
     events = []
-    engine = VLLMEngine("/m", options=VLLMOptions(), dtype="float16", lora_rank=64, adapter_path=tmp_path,
+    engine = VLLMEngine("/m", options=VLLMConfig(), lora_rank=64, adapter_path=tmp_path,
                         api=fake_api(events))
     engine.policy_updated()
     engine.generate([SampleRequest((1,), (3,))], SETTINGS)
@@ -258,7 +270,7 @@ def test_tensor_parallel_processes_pool_their_prompts_and_keep_their_own_share(t
     def gather(mine):  # this process is second in its group of two
         return [other, mine], 1
 
-    engine, _ = _engine(tmp_path, events, options=VLLMOptions(tensor_parallel_size=2), processes=2, tp_gather=gather)
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(tensor_parallel_size=2), processes=2, tp_gather=gather)
     assert events[0][1]["distributed_executor_backend"] == "external_launcher"
     out = engine.generate([SampleRequest((1,), (3, 4))], SETTINGS)
     prompts = [e[1] for e in events if e[0] == "generate"][0]
@@ -280,3 +292,30 @@ def test_engine_choice():
         resolve_engine("vvlm")
     with pytest.raises(UserError, match="rollout.engine=vllm needs"):
         resolve_engine("vllm")
+
+
+def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_ids(tmp_path):
+    from benchmarks.generation import GenerationSettings, Request
+    from meds_cli.engine.eval_backends import ModelSpec, VLLMBackend, sample_seeds
+    from meds_cli.engine.tiny import tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    (model_dir / "config.json").write_text("{}")
+    adapter = tmp_path / "run" / "checkpoints" / "step_3" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 24}))
+    events = []
+    backend = VLLMBackend(ModelSpec(str(model_dir), checkpoint=adapter.parent), GenerationSettings(0.6, 1.0, 5, 8),
+                          api=fake_api(events))
+    kwargs = events[0][1]
+    assert kwargs["max_lora_rank"] == 32 and kwargs["gpu_memory_utilization"] == 0.9 and not kwargs["enable_sleep_mode"]
+    out = backend.generate([Request("12+3=", 2, 7), Request("9", 1, 8)])
+    _, prompts, params, lora = [e for e in events if e[0] == "generate"][0]
+    assert prompts[0]["prompt_token_ids"] == tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    assert [p.seed for p in params] == [*sample_seeds(7, 2), *sample_seeds(8, 1)]
+    assert params[0].stop_token_ids == [tokenizer.eos_token_id] and params[0].max_tokens == 5
+    assert (lora.lora_int_id, lora.lora_path) == (1, str(adapter.resolve()))
+    assert [len(g.texts) for g in out] == [2, 1]
+    assert out[0].lengths == [3, 3] and out[0].truncated == [True, True]  # STOP is not one of this tokenizer's stops

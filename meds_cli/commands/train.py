@@ -10,6 +10,7 @@ from rich.table import Table
 
 from meds_cli.engine import runs
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config
+from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
@@ -46,6 +47,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, argv=(), qu
     from meds_cli.engine.trainer import Trainer
 
     accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    configure_torch_threads()  # this process's share of the cores (accelerate launch starts several)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     created = checkpoint is None and not run_dir.exists()

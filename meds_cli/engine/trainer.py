@@ -29,7 +29,9 @@ from meds_cli.core.errors import UserError
 from meds_cli.engine.metrics import mean_of, rollout_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine.rollout import response_forward, sample_responses, score_rollouts, token_logprobs
+from meds_cli.engine.importance import is_correction_weights, mismatch_metrics
+from meds_cli.engine.rollout import (make_engine, response_forward, sample_rollouts, sampling_settings, score_rollouts,
+                                     token_logprobs)
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
 
@@ -72,6 +74,9 @@ class Trainer:
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
+        # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
+        self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
+                                  processes=self.world, rank=self.rank)
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -105,10 +110,9 @@ class Trainer:
         problems = [self.task.train[i] for i in indices]
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
+        batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
+                                sampling_settings(cfg.rollout, self.tokenizer))
         model.eval()
-        batch = sample_responses(model, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
         t1 = time.perf_counter()
         algo = self.algorithm
         score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
@@ -176,6 +180,7 @@ class Trainer:
 
     def update(self, batch: Rollouts) -> dict:
         cfg, algo = self.cfg, self.algorithm
+        self.engine.release()  # vLLM sleeps while the trainer needs the memory
         self.model.train()
         size = batch.size
         mini = (cfg.train.mini_batch_size // self.world) if cfg.train.mini_batch_size else size
@@ -200,8 +205,12 @@ class Trainer:
                         logp = token_logprobs(logits, batch.response_ids[chunk].to(device))
                         ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
                         chunk_mask = mask[chunk].to(device)
-                        loss_mat, s = algo.token_loss(logp, batch.old_logp[chunk].to(device), adv[chunk].to(device),
-                                                      chunk_mask, ref)
+                        old = batch.old_logp[chunk].to(device)
+                        loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref)
+                        sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
+                        weights = is_correction_weights(cfg.rollout.is_correction, old, sampler, cfg.rollout.tis_cap)
+                        if weights is not None:  # the engine sampled from pi_sampler, not pi_old
+                            loss_mat = loss_mat * weights
                         loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
                                         total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
                         # DDP averages gradients over processes; the normalisers above are global already.
@@ -216,6 +225,7 @@ class Trainer:
                 grad_norms.append(float(norm))
                 losses.append(step_loss)
                 self.optimizer.step()
+                self.engine.policy_updated()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         out = mean_of(stats)
@@ -238,6 +248,8 @@ class Trainer:
         row = {"step": step, **info, **rollout_metrics(sampled)}
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
+            if batch.sampler_logp is not None and batch.old_logp is not None:
+                row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, self.cfg.rollout.tis_cap))
             row.update(self.update(batch))
             self.algorithm.on_step_end(batch, step)
             row.update(self.algorithm.step_metrics(batch))
@@ -273,12 +285,9 @@ class Trainer:
         problems = self.task.held_out[: self.cfg.eval.problems][self.rank::self.world]
         correct = 0
         if problems:
-            model = self.unwrapped
-            model.eval()
             prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-            batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
-                                     top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                     batch_size=self.cfg.rollout.generation_batch_size)
+            settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
+            batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
         total = self._global_sum(len(problems))
         if total == 0:
@@ -328,3 +337,4 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         checkpoints.load_checkpoint(self, path)
+        self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights

@@ -25,27 +25,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator, Sequence
 
 import torch
 
-from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
 from meds_cli.core.errors import UserError
-
-SYNC_MODES = ("adapter", "merged")
-
-
-@dataclass(frozen=True)
-class VLLMOptions:
-    gpu_memory_utilization: float = 0.3
-    tensor_parallel_size: int = 1
-    sleep_level: int = 1  # 0: no sleep mode
-    sync: str = "adapter"  # with LoRA: push the adapter, or merged weights
-    max_model_len: int = 0  # 0: vLLM's default for the model
-
+from meds_cli.engine.config import VLLMConfig
+from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
 
 def vllm_api() -> SimpleNamespace:
     """vLLM's classes, imported on first use (vllm is optional and needs a GPU)."""
@@ -58,19 +46,23 @@ def vllm_api() -> SimpleNamespace:
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, TokensPrompt=TokensPrompt)
 
 
-def check_options(options: VLLMOptions, *, lora: bool) -> None:
-    """Refuse settings vLLM or this engine cannot honour, naming the key."""
-    if not 0 < options.gpu_memory_utilization <= 1:
-        raise UserError(f"rollout.vllm.gpu_memory_utilization={options.gpu_memory_utilization} must be in (0, 1]")
-    if options.tensor_parallel_size < 1:
-        raise UserError(f"rollout.vllm.tensor_parallel_size={options.tensor_parallel_size} must be at least 1")
-    if options.sleep_level not in (0, 1, 2):
-        raise UserError(f"rollout.vllm.sleep_level={options.sleep_level}; accepted: 0 (no sleep), 1, 2")
-    if options.sync not in SYNC_MODES:
-        raise UserError(f"rollout.vllm.sync='{options.sync}'; accepted: {', '.join(SYNC_MODES)}")
-    if options.sleep_level == 2 and lora and options.sync == "adapter":
-        raise UserError("rollout.vllm.sleep_level=2 drops the base weights, which an adapter push does not restore; "
-                        "use sleep_level 1 or rollout.vllm.sync=merged")
+def tensor_parallel_gather(size: int) -> Callable:
+    """For tensor parallelism across colocated processes: a function that pools one process's
+    items with those of the other processes of its group of `size` consecutive ranks, returning
+    (every process's items in rank order, this process's index)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if world % size:
+        raise UserError(f"rollout.vllm.tensor_parallel_size={size} must divide the {world} processes")
+    group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + size)) for i in range(0, world, size)])
+
+    def gather(mine: list) -> tuple[list[list], int]:
+        parts: list = [None] * size
+        dist.all_gather_object(parts, mine, group=group)
+        return parts, dist.get_rank(group)
+
+    return gather
 
 
 def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
@@ -111,18 +103,20 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, source: str, *, options: VLLMOptions, dtype: str, seed: int = 0, policy=None,
-                 lora_rank: int | None = None, adapter_path: Path | None = None, scratch_dir: Path | None = None,
-                 processes: int = 1, tp_gather: Callable | None = None, api: SimpleNamespace | None = None):
+    def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
+                 adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
+                 tp_gather: Callable | None = None, api: SimpleNamespace | None = None):
         lora = lora_rank is not None
-        check_options(options, lora=lora)
+        if options.sleep_level == 2 and lora and options.sync == "adapter" and policy is not None:
+            raise UserError("rollout.vllm.sleep_level=2 frees the base weights, which an adapter push does not "
+                            "restore; use sleep_level 1 or rollout.vllm.sync=merged")
         if policy is not None and scratch_dir is None and lora and options.sync == "adapter":
             raise ValueError("pushing a LoRA adapter needs a scratch folder")
         self.api = api or vllm_api()
         self.options, self.policy, self.scratch_dir = options, policy, scratch_dir
-        self.push_adapter = lora and options.sync == "adapter"
+        self.push_adapter = lora and options.sync == "adapter" and policy is not None
         self.tp_gather = tp_gather
-        kwargs = dict(model=source, tokenizer=source, dtype=dtype, seed=seed,
+        kwargs = dict(model=source, tokenizer=source, dtype=options.dtype, seed=seed,
                       gpu_memory_utilization=options.gpu_memory_utilization,
                       tensor_parallel_size=options.tensor_parallel_size,
                       enable_sleep_mode=options.sleep_level > 0, logprobs_mode="processed_logprobs")
@@ -131,7 +125,7 @@ class VLLMEngine:
         if processes > 1:  # colocated in every training process: vLLM joins the launcher's process group
             kwargs["distributed_executor_backend"] = "external_launcher"
         if self.push_adapter or adapter_path is not None:
-            kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank or 8), max_loras=1)
+            kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank or 1), max_loras=1)
         self.llm = self.api.LLM(**kwargs)
         self.lora_request = (self.api.LoRARequest("checkpoint", 1, str(Path(adapter_path).resolve()))
                              if adapter_path is not None else None)
