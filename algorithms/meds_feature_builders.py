@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.meds_features import answer_anchor, lens_logits, resolve_layers
+from benchmarks.answer_extraction import last_boxed_start
 from meds_cli.core.errors import UserError
 from meds_cli.core.registry import Registry
 
@@ -130,6 +131,16 @@ class SemanticFeatures(FeatureBuilder):
         texts = list(rollouts.response_texts[start:stop])
         values = encoder.encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)
         return BuiltFeatures(torch.from_numpy(values).float().reshape(len(texts), -1))
+
+
+def answered_rows(texts: list[str], anchor_kinds: list[str] | None) -> torch.Tensor:
+    """[B] bool: responses with a final answer in `\\boxed{` (what `meds.unboxed: skip` keeps).
+    With logit-lens features, those whose anchor is the box (`anchor_kinds`, as observe_forward
+    recorded them); with other features, those whose text opens a `\\boxed{` with content."""
+    if anchor_kinds is not None:
+        return torch.tensor([kind == "boxed" for kind in anchor_kinds], dtype=torch.bool)
+    starts = [last_boxed_start(text) for text in texts]
+    return torch.tensor([s is not None and s < len(t) for s, t in zip(starts, texts)], dtype=torch.bool)
 
 
 def build_feature_builder(config) -> FeatureBuilder:

@@ -3,11 +3,15 @@
 Liu et al. 2026, "The past is not past: memory-enhanced dynamic reward shaping" (arXiv 2604.11297),
 Method, steps 2-4 (docs/algorithms.md, MEDS):
 - a per-prompt memory of past responses' logic features, wrong and correct kept apart, bounded
-  (oldest entries dropped first) and saved with every checkpoint;
+  (oldest entries dropped first; a bound of 0 keeps everything, as the reference code does) and
+  saved with every checkpoint;
 - HDBSCAN over the L2-normalised features of memory plus the current responses; |C| of a response
   is the size of its cluster counted over memory and batch (`refit`, the paper), or, as in the
   public reference code (Linxi000/MEDS), a k-NN cosine vote against the previous fit's labels
-  that counts memory members only (`knn`);
+  that counts memory members only (`knn`). A noise point's |C| is 0, 1 or, as the reference
+  counts it, the number of noise points (`noise_size`). When HDBSCAN finds no cluster at all the
+  set is one mode and is refitted as one cluster (`hdbscan_labels`, `one_mode`), so that a
+  collapsed memory of identical errors is penalised instead of being all noise;
 - penalty(|C|) = min(alpha * log(|C| + 1), beta), subtracted from wrong responses' rewards
   (with target `both`, correct rewards are divided by 1 + penalty, as the reference code does).
 
@@ -32,7 +36,11 @@ NOISE = -1
 
 
 def cluster_penalty(sizes: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    """min(alpha * log(|C| + 1), beta) per response; |C| = 0 (no cluster) gives 0."""
+    """min(alpha * log(|C| + 1), beta) per response; |C| = 0 (no cluster) gives 0.
+
+    The reference code computes coef * min(log(|C| + 1), 2) with coef 0.1; for alpha >= 0 that is
+    min(alpha * log(|C| + 1), 2 * alpha), so (alpha, beta) = (0.1, 0.2) reproduces it and beta != 2
+    alpha generalises it (a cap chosen apart from the slope). alpha, beta >= 0 (MEDS checks them)."""
     return torch.clamp(alpha * torch.log(sizes.double() + 1.0), max=beta).float()
 
 
@@ -57,32 +65,84 @@ def l2_normalize(points: np.ndarray) -> np.ndarray:
     return points / np.maximum(norms, 1e-12)
 
 
+def merge_duplicates(points: np.ndarray, distance: float) -> np.ndarray:
+    """The rows with every group of rows linked by Euclidean distances <= `distance` (connected
+    components) replaced by the group's first row; the input itself when no two rows are that
+    close (or distance <= 0: exact duplicates are duplicates already)."""
+    if distance <= 0 or len(points) < 2:
+        return points
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial.distance import pdist, squareform
+
+    close = squareform(pdist(points) <= distance)
+    if not close.any():
+        return points
+    _, component = connected_components(csr_matrix(close), directed=False)
+    first = {}
+    for index, c in enumerate(component.tolist()):
+        first.setdefault(c, index)
+    return points[[first[c] for c in component.tolist()]]
+
+
 def hdbscan_labels(points: np.ndarray, min_cluster_size: int = 2, min_samples: int = 1,
-                   allow_single_cluster: bool = False) -> np.ndarray:
+                   allow_single_cluster: bool = False, one_mode: bool = False,
+                   duplicate_distance: float = 0.0) -> np.ndarray:
     """HDBSCAN labels of the L2-normalised rows (-1 = noise). Sets too small for HDBSCAN to build
-    a cluster (fewer than max(min_cluster_size, min_samples + 1) points) are all noise."""
+    a cluster (fewer than max(min_cluster_size, min_samples + 1) points) are all noise.
+
+    `duplicate_distance` (> 0): normalised rows within this chord distance of each other are made
+    identical first (merge_duplicates). HDBSCAN is scale-free: a tight blob of responses that
+    differ only by numerical noise has a density structure of its own, which it splits as it
+    would split any spread of points; as duplicates they are one point of high multiplicity.
+
+    `one_mode`: when the fit finds no cluster at all, refit with allow_single_cluster. HDBSCAN
+    never selects the root of its cluster hierarchy by default, so a set whose hierarchy has no
+    split (one mode: e.g. every wrong answer the same, the collapse MEDS exists to punish) comes
+    back as all noise. Finding no cluster happens exactly when there is no such split (any split
+    into two parts of at least min_cluster_size points yields selectable clusters), so the refit
+    changes nothing else. In the refit the root's members are the points that stay in it up to
+    its densest level (the duplicates; in a small set of distinct points, the closest pair);
+    points that joined it only at a lower density stay noise."""
     n = len(points)
     if n < max(2, min_cluster_size, min_samples + 1):
         return np.full(n, NOISE, dtype=np.int64)
     import hdbscan
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # hdbscan warns about sklearn deprecations on every fit
-        labels = hdbscan.HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples,
-                                 allow_single_cluster=allow_single_cluster).fit_predict(l2_normalize(points))
-    return labels.astype(np.int64)
+    x = merge_duplicates(l2_normalize(points), duplicate_distance)
+
+    def fit(allow: bool) -> np.ndarray:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # hdbscan warns about sklearn deprecations on every fit
+            return hdbscan.HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples,
+                                   allow_single_cluster=allow).fit_predict(x).astype(np.int64)
+
+    labels = fit(allow_single_cluster)
+    if one_mode and not allow_single_cluster and (labels == NOISE).all():
+        labels = fit(True)
+    return labels
+
+
+NOISE_RULES = ("zero", "singleton", "count")
+
+
+def noise_size(rule: str, noise_members: int) -> int:
+    """|C| of a noise point: 0 ('zero': no penalty), 1 ('singleton': a cluster of its own), or the
+    number of noise points it is counted against ('count': noise is one more label, as the
+    reference code counts it)."""
+    if rule not in NOISE_RULES:
+        raise ValueError(f"unknown noise rule '{rule}'; accepted: {', '.join(NOISE_RULES)}")
+    return {"zero": 0, "singleton": 1, "count": noise_members}[rule]
 
 
 def member_counts(labels: np.ndarray, noise: str = "zero") -> np.ndarray:
-    """|C| of every point: how many points share its label; a noise point counts 0 ('zero': no
-    penalty) or 1 ('singleton': a cluster of its own)."""
-    if noise not in ("zero", "singleton"):
-        raise ValueError(f"unknown noise rule '{noise}'; accepted: zero, singleton")
+    """|C| of every point: how many points share its label; a noise point counts as `noise_size`
+    says (with 'count': the number of noise points among `labels`)."""
     labels = np.asarray(labels, dtype=np.int64)
     values, counts = np.unique(labels, return_counts=True)
     size_of = dict(zip(values.tolist(), counts.tolist()))
-    noise_size = 0 if noise == "zero" else 1
-    return np.array([noise_size if label == NOISE else size_of[label] for label in labels.tolist()], dtype=np.int64)
+    size_of[NOISE] = noise_size(noise, size_of.get(NOISE, 0))
+    return np.array([size_of[label] for label in labels.tolist()], dtype=np.int64)
 
 
 def knn_vote(memory: np.ndarray, memory_labels: np.ndarray, queries: np.ndarray, k: int = 3) -> np.ndarray:
@@ -109,13 +169,18 @@ class ClusterSettings:
     noise: str = "zero"
     assign: str = "refit"
     knn_k: int = 3
+    one_mode: bool = True  # HDBSCAN finding no cluster: refit with allow_single_cluster (hdbscan_labels)
+    duplicate_distance: float = 0.0  # 0: no merging of near-duplicates (hdbscan_labels)
     # Another clusterer, points -> labels (algorithms/meds_clusterers.py, `meds.clusterer`); None: HDBSCAN.
+    # It must pickle (a module-level function, a partial of one, or a class instance) so that the
+    # prompts of a step can be clustered in worker processes (algorithms/meds_parallel.py).
     clusterer: Callable[[np.ndarray], np.ndarray] | None = None
 
     def labels(self, points: np.ndarray) -> np.ndarray:
         if self.clusterer is not None:
             return self.clusterer(points)
-        return hdbscan_labels(points, self.min_cluster_size, self.min_samples, self.allow_single_cluster)
+        return hdbscan_labels(points, self.min_cluster_size, self.min_samples, self.allow_single_cluster,
+                              self.one_mode, self.duplicate_distance)
 
 
 @dataclass
@@ -147,8 +212,11 @@ def assign_clusters(memory: np.ndarray, memory_labels: np.ndarray, batch: np.nda
                               clusters=0)
         memory_labels = np.asarray(memory_labels, dtype=np.int64)
         labels = knn_vote(memory, memory_labels, batch, settings.knn_k)
-        counts = np.array([np.sum(memory_labels == label) if label != NOISE else (0 if settings.noise == "zero" else 1)
-                           for label in labels.tolist()], dtype=np.int64)
+        # A vote for noise gets noise_size: with 'count', the number of noise members in memory,
+        # exactly as the reference code counts it (noise is one more label there).
+        noise = noise_size(settings.noise, int(np.sum(memory_labels == NOISE)))
+        counts = np.array([np.sum(memory_labels == label) if label != NOISE else noise for label in labels.tolist()],
+                          dtype=np.int64)
         return Assignment(sizes=counts, labels=labels, fitted_labels=None,
                           clusters=len(set(memory_labels.tolist()) - {NOISE}))
     raise ValueError(f"unknown assign mode '{settings.assign}'; accepted: refit, knn")
@@ -190,12 +258,13 @@ class Bank:
         return self.features.shape[0]
 
     def extend(self, features: torch.Tensor, answers, snippets, step: int, labels, limit: int) -> None:
-        """Append entries; keep the newest `limit` (labels follow their entries)."""
-        self.features = torch.cat([self.features, features.float()])[-limit:] if limit > 0 else self.features[:0]
-        self.answers = (self.answers + list(answers))[-limit:] if limit > 0 else []
-        self.snippets = (self.snippets + list(snippets))[-limit:] if limit > 0 else []
-        self.steps = (self.steps + [step] * len(features))[-limit:] if limit > 0 else []
-        self.labels = [int(v) for v in labels][-limit:] if limit > 0 and labels is not None else []
+        """Append entries; keep the newest `limit` (0: all of them; labels follow their entries)."""
+        keep = slice(-limit, None) if limit > 0 else slice(None)
+        self.features = torch.cat([self.features, features.float()])[keep]
+        self.answers = (self.answers + list(answers))[keep]
+        self.snippets = (self.snippets + list(snippets))[keep]
+        self.steps = (self.steps + [step] * len(features))[keep]
+        self.labels = [int(v) for v in labels][keep] if labels is not None else []
 
     def state(self) -> dict:
         return {"features": self.features.clone(), "answers": list(self.answers), "snippets": list(self.snippets),

@@ -82,3 +82,49 @@ def test_not_a_run_and_not_meds(run_dir, tmp_path):
     torch.save({}, other / "checkpoints/step_3/algorithm_0.pt")  # what a DAPO run saves
     with pytest.raises(UserError, match="not meds"):
         inspect_run(other)
+
+
+def saved_run(folder, algo, cfg, step):
+    """A run folder as `meds train` leaves it, with only what cluster-inspect reads."""
+    folder.mkdir()
+    dump_yaml(cfg, folder / "config.yaml", sections=algo.config_sections)
+    checkpoint = folder / "checkpoints" / f"step_{step}"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text(json.dumps({"algorithm": "meds", "step": step}))
+    torch.save(algo.state_dict(), checkpoint / "algorithm_0.pt")
+    return folder
+
+
+def test_random_control_is_inspected_as_it_was_trained(tmp_path):
+    """cluster-inspect and ablate's report read the clustering from the run's config the way
+    training does: for the random control, the same shuffled labels as training stored."""
+    import numpy as np
+
+    from meds_cli.engine.algorithm_setup import build_algorithm
+    from algorithms.meds_clusterers import cluster_settings
+    from meds_cli.commands.ablate_report import memory_ari
+    from meds_cli.commands.cluster_inspect import analyse_prompt, load_memory, run_settings
+    from tests.test_meds_shaping import batch
+
+    cfg = tiny_config("algo.name=meds", "meds.features=random")
+    algo = build_algorithm(cfg)
+    rng = np.random.default_rng(0)
+    for step in (1, 2):  # 8 wrong responses a step around two modes, plus a lone one
+        modes = [[1.0, 0.2, 0.0]] * 4 + [[0.0, 1.0, 0.3]] * 3 + [[-1.0, -1.0, 1.0]]
+        features = (np.array(modes) + 0.01 * rng.standard_normal((8, 3))).tolist()
+        r = batch(features, [False] * 8, 8, answers=["5"] * 4 + ["6"] * 3 + ["7"])
+        algo.shape_rewards(r)
+        algo.on_step_end(r, step)
+    trained = algo.memory.bank("p0", "wrong", 3).labels  # the fit over memory + step 2, shuffled
+    run_dir = saved_run(tmp_path / "random-run", algo, cfg, 2)
+    _, memory, _ = load_memory(run_dir, None)
+    inspected = analyse_prompt("p0", memory["p0"], run_settings(run_dir))["_labels"].tolist()
+    assert inspected == trained
+    plain = cluster_settings(tiny_config("algo.name=meds").section("meds"))  # what was read before
+    assert plain.labels(memory["p0"]["wrong"]["features"]).tolist() != trained
+    # ablate's report scores the same labels
+    from sklearn.metrics import adjusted_rand_score
+
+    answers = memory["p0"]["wrong"]["answers"]
+    clusters = [f"c{v}" if v >= 0 else f"n{i}" for i, v in enumerate(trained)]
+    assert memory_ari(run_dir) == pytest.approx(adjusted_rand_score(answers, clusters))

@@ -139,10 +139,15 @@ def test_small_sets_and_small_clusters_are_noise():
 def test_default_is_plain_hdbscan_and_shuffle_keeps_cluster_sizes():
     cfg = tiny_config("algo.name=meds").section("meds")
     assert cluster_settings(cfg).clusterer is None  # the paper's path, untouched
-    shuffled = cluster_settings(cfg, shuffle=True)
+    shuffled = cluster_settings(tiny_config("algo.name=meds", "meds.features=random").section("meds"))
+    assert isinstance(shuffled.clusterer, ShuffledLabels)
+    plain, labels = cluster_settings(cfg).labels(blobs()), shuffled.labels(blobs())
+    assert sorted(labels.tolist()) == sorted(plain.tolist()) and labels.tolist() != plain.tolist()
+    # the permutation is a function of the points: the same memory is shuffled the same way
+    # whatever the global generator holds (training, resume, worker processes, cluster-inspect)
     np.random.seed(3)
-    labels = shuffled.labels(blobs())
-    assert sorted(labels.tolist()) == sorted(cluster_settings(cfg).labels(blobs()).tolist())
+    assert shuffled.labels(blobs()).tolist() == labels.tolist()
+    assert shuffled.labels(blobs()[::-1]).tolist() != labels[::-1].tolist()  # other points, another draw
 
 
 def test_unknown_names_are_rejected_with_the_valid_ones():

@@ -60,8 +60,17 @@ def test_registered_composes_and_defaults():
         0.1, 0.2, "zero", "refit", "wrong", False, "last_half")
     with pytest.raises(UserError, match="meds.layers"):
         meds("meds.layers=middle")
-    with pytest.raises(UserError, match="meds.memory_size"):
-        meds("meds.memory_size=0")
+    with pytest.raises(UserError, match="meds.memory_size must be at least 0, got -1"):
+        meds("meds.memory_size=-1")
+    assert (cfg.one_mode, cfg.unboxed, cfg.memory_size) == ("cluster", "last_token", 128)
+
+
+@pytest.mark.parametrize("key, value", [("alpha", "-0.1"), ("beta", "-1"), ("alpha", "nan")])
+def test_penalty_constants_must_be_non_negative(key, value):
+    # a negative slope or cap would reward a repeated error instead of penalising it
+    with pytest.raises(UserError, match=rf"meds.{key} must be a number >= 0 .*got {value}"):
+        meds(f"meds.{key}={value}")
+    meds(f"meds.{key}=0")  # zero is accepted: no penalty
 
 
 def test_refit_shaping_hand_computed():

@@ -36,24 +36,17 @@ def _tail_mean(rows: list[dict], key: str) -> float | None:
 
 
 def memory_ari(run_dir: Path) -> float | None:
-    """Mean ARI of clusters vs final answers over the prompts of the last checkpoint's memory."""
-    from algorithms.meds_clusterers import cluster_settings
-    from algorithms.meds_feature_builders import FEATURE_BUILDERS
-    from meds_cli.commands.cluster_inspect import analyse_prompt, load_memory
+    """Mean ARI of clusters vs final answers over the prompts of the last checkpoint's memory,
+    clustered as training clusters (the run's own settings, the random control's shuffle included)."""
+    from meds_cli.commands.cluster_inspect import analyse_prompt, load_memory, run_settings
     from meds_cli.engine.config import load_config
 
     cfg = load_config([str(run_dir / "config.yaml")])
     if cfg.algo.name != "meds" or not runs.list_checkpoints(run_dir):
         return None
-    section = cfg.section("meds")
-    settings = cluster_settings(section, shuffle=FEATURE_BUILDERS.get(section.features).shuffle_labels)
+    settings = run_settings(run_dir)
     _, memory, _ = load_memory(run_dir, None)
-    state = np.random.get_state()
-    np.random.seed(0)  # the random control's shuffles: the same report on every call
-    try:
-        aris = [analyse_prompt(pid, kinds, settings)["ari_answers"] for pid, kinds in sorted(memory.items())]
-    finally:
-        np.random.set_state(state)
+    aris = [analyse_prompt(pid, kinds, settings)["ari_answers"] for pid, kinds in sorted(memory.items())]
     aris = [a for a in aris if a is not None]
     return float(np.mean(aris)) if aris else None
 

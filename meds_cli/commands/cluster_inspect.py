@@ -1,8 +1,10 @@
 """`meds cluster-inspect RUN_DIR`: what the MEDS memory of a run holds, cluster by cluster.
 
 Reads the MEDS memory saved in a checkpoint (checkpoints/step_N/algorithm_<rank>.pt; ranks are
-merged) and, per prompt, refits HDBSCAN with the run's own settings over all its remembered
-responses, wrong and correct together, so that a cluster's share of wrong answers means
+merged) and, per prompt, refits the run's own clustering (read from its config.yaml by the
+function training reads it with, `algorithms.meds_clusterers.cluster_settings`: clusterer,
+noise and one-mode rules, the random control's shuffle) over all its remembered responses,
+wrong and correct together, so that a cluster's share of wrong answers means
 something (training clusters wrong and correct responses apart; the table also shows the
 training's own count of wrong clusters). Writes three PNGs (a PCA projection of one prompt's
 memory coloured by cluster, a heatmap of its layer-logit trajectories grouped by cluster, and
@@ -55,7 +57,9 @@ def load_memory(run_dir: Path, step: int | None) -> tuple[int, dict, list[int]]:
 
 
 def run_settings(run_dir: Path):
-    """The clustering the run trained with (its meds.clusterer and parameters)."""
+    """The clustering the run trained with: its `meds:` section read by the same function that
+    training reads it with (meds_clusterers.cluster_settings: clusterer, parameters, noise and
+    one-mode rules, the random control's shuffle)."""
     from algorithms.meds_clusterers import cluster_settings
     from meds_cli.engine.config import load_config
 
@@ -223,6 +227,8 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
     if prompt is not None and prompt not in memory:
         raise UserError(f"prompt '{prompt}' is not in the memory{nearest(prompt, memory)}; "
                         f"{len(memory)} prompts, e.g. {', '.join(sorted(memory)[:5])}")
+    from algorithms.meds_clusterers import ShuffledLabels
+
     settings = run_settings(run_dir)
     analyses = {pid: analyse_prompt(pid, kinds, settings) for pid, kinds in sorted(memory.items())}
     if prompt is None:  # the most repeated error is the most telling one
@@ -242,7 +248,8 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
     return {
         "run": str(run_dir), "checkpoint_step": checkpoint_step, "layers": layers,
         "settings": {"min_cluster_size": settings.min_cluster_size, "min_samples": settings.min_samples,
-                     "allow_single_cluster": settings.allow_single_cluster},
+                     "allow_single_cluster": settings.allow_single_cluster, "one_mode": settings.one_mode,
+                     "shuffled": isinstance(settings.clusterer, ShuffledLabels)},
         "prompts": [public(a) for a in analyses.values()],
         "ari_answers_mean": float(np.mean(aris)) if aris else None,
         "prompt": {**public(chosen), "clusters_detail": chosen["clusters_detail"]},
