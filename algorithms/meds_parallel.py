@@ -16,7 +16,6 @@ it saves.
 
 from __future__ import annotations
 
-import os
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
