@@ -41,3 +41,27 @@ def test_torch_threads_follow_the_budget_unless_omp_says_otherwise(eight_cores, 
         assert cpu_budget.configure_torch_threads() == 1
     finally:
         torch.set_num_threads(previous)
+
+
+def test_passive_waiting_is_asked_for_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    cpu_budget.prefer_passive_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    cpu_budget.prefer_passive_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    cpu_budget.prefer_passive_waiting()
+    assert "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_the_package_sets_the_wait_policy_before_torch_loads():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    code = "import meds_cli, os, sys; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["PASSIVE", "False"]
