@@ -138,7 +138,9 @@ def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings,
     ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
     cache_keyword = _cache_keyword(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.get("cache") or out.get("past_key_values")
+    cache = out.get("cache")
+    if cache is None:  # transformers before the rename
+        cache = out.past_key_values
     rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([r.n for r in requests])).to(device)
     if len(rows) != len(requests) or not torch.equal(rows, torch.arange(len(requests), device=device)):
         cache.batch_select_indices(rows)  # the prompt's keys and values, copied to each of its samples
