@@ -6,7 +6,8 @@ checkpointing (TRL's default turns it on), and response lengths forced on both s
 (min_new_tokens = max_new_tokens) so both decode exactly as many tokens.
 Shapes: prompts x responses x new tokens, by default 2 x 4 x 32 and the demo's 4 x 8 x 48.
 
-Each round starts one fresh process per system and shape and times its steps (the first step
+Every process gets OMP_WAIT_POLICY=PASSIVE (meds's default; see meds_cli/core/cpu_budget.py)
+unless the caller set a policy. Each round starts one fresh process per system and shape and times its steps (the first step
 of a process, with its lazy initialisation, is left out); systems alternate within a round, so
 a busy machine slows them alike. Printed: the median wall and CPU seconds per step of each
 system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
@@ -143,6 +144,9 @@ def _drop_stop_ids():
 
 def one_run(system: str, shape: str, steps: int, tree: Path, threads: int) -> list[tuple[float, float]]:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    # Every system waits the way meds does by default (spinning threads on a shared machine would
+    # slow whichever side loaded torch before meds_cli could ask for passive waiting).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--shape", shape, "--steps", str(steps)]
