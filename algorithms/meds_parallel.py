@@ -16,34 +16,24 @@ it saves.
 
 from __future__ import annotations
 
-import os
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
 from algorithms.meds_memory import Assignment, ClusterSettings, assign_clusters
+from meds_cli.core.cpu_budget import worker_count
 
 MIN_JOBS = 32  # below this a step is clustered in the training process itself
 MAX_AUTO_WORKERS = 8  # a step of the paper's size takes seconds serially: more workers would mostly idle
 CHUNKS_PER_WORKER = 4  # jobs go to workers in this many interleaved chunks each: balance vs. overhead
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def resolve_workers(requested: int) -> int:
-    """`meds.cluster_workers`: requested > 0 as given; 0 = the usable cores shared among the
-    training processes of this node (LOCAL_WORLD_SIZE, set by accelerate / torchrun), at most
+    """`meds.cluster_workers`: requested > 0 as given; 0 = this process's share of the usable
+    cores (meds_cli/core/cpu_budget.py: affinity mask / LOCAL_WORLD_SIZE), at most
     MAX_AUTO_WORKERS (each worker holds about 300 MB: numpy, scipy, scikit-learn, hdbscan, torch)."""
-    if requested > 0:
-        return requested
-    local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, min(MAX_AUTO_WORKERS, usable_cores() // local_processes))
+    return requested if requested > 0 else worker_count(cap=MAX_AUTO_WORKERS)
 
 
 def _assign_chunk(jobs: list, settings: ClusterSettings) -> list[Assignment]:

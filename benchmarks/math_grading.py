@@ -47,6 +47,7 @@ from benchmarks.answer_extraction import (
     read_number_literal,
 )
 from benchmarks.number_match import decimal_stands_for, numbers_match
+from meds_cli.core.cpu_budget import worker_count
 from meds_cli.core.records import Verdict
 
 OUTCOMES = ("correct", "wrong", "no_answer", "timeout")
@@ -254,7 +255,7 @@ class _Worker:
 class MathGrader:
     """Grades (predicted final answer, gold answer) pairs with math-verify in worker processes.
 
-    workers: pool size (default: the CPU count, at most 16). timeout_s: wall-clock limit per
+    workers: pool size (default: this process's share of the cores, at most 16). timeout_s: wall-clock limit per
     answer; past it the worker is killed and replaced and the answer is a 'timeout'. strict: the
     plain-number rule of the module docstring. memory_limit_mb: address-space limit of each
     worker (0: none), so a runaway SymPy expression fails instead of swapping. judge:
@@ -276,7 +277,7 @@ class MathGrader:
     ):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.workers = workers or max(1, min(16, os.cpu_count() or 1))
+        self.workers = workers or worker_count()
         self.timeout_s = float(timeout_s)
         self.strict = strict
         self.memory_limit_mb = memory_limit_mb

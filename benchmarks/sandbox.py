@@ -509,7 +509,11 @@ def run_many(jobs: Iterable[Job], workers: int | None = None) -> list[ProgramRes
     """Run jobs in parallel (threads, each waiting on its own sandboxed process); results in
     the order of jobs. A program's failure is its result; it never raises here."""
     jobs = list(jobs)
-    workers = workers or os.cpu_count() or 1
+    if not workers:
+        # Imported here: the sandboxed child runs this file alone, where the project is not importable.
+        from meds_cli.core.cpu_budget import worker_count
+
+        workers = worker_count()
     if workers == 1 or len(jobs) <= 1:
         return [_run_job(job) for job in jobs]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox") as pool:

@@ -132,9 +132,12 @@ def test_two_variant_ablation_end_to_end(tmp_path):
         assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
         assert json.loads((run / "eval" / "heldout" / "results.json").read_text())["average"]["pass@k"].keys() == {"1", "2"}
     assert load_config([str(folder / "features-random" / "config.yaml")]).section("meds").features == "random"
-    for file in ("summary.md", "summary.csv", "summary.json", "reward_curves.png", "pass_at_k.png"):
+    for file in ("summary.md", "summary.csv", "summary.json", "reward_curves.png", "pass_at_k.png", "diagnostics.png"):
         assert (folder / file).stat().st_size > 0, file
     summary = json.loads((folder / "summary.json").read_text())
+    logits_run = summary["runs"]["features-logits"]
+    for curve in ("reward_curve", "distinct_wrong_curve", "clusters_curve", "eigen_ratio_curve"):
+        assert [step for step, _ in logits_run[curve]] == [1, 2], curve  # what diagnostics.png draws
     assert [r["variant"] for r in summary["rows"]] == ["features-logits", "features-random"]
     row = summary["rows"][0]
     for key in ("pass@1", "pass@k", "final_reward", "distinct_wrong", "eigen_ratio", "ari", "time_per_step_s"):

@@ -154,7 +154,7 @@ def test_bad_benchmark_name_is_one_line():
     (["--compare", "/nonexistent/a", "/nonexistent/b"], ["/nonexistent/a", "results.json"]),
 ])
 def test_bad_input_is_one_line(args, words):
-    if "vllm" in args and eval_backends.importlib.util.find_spec("vllm") is not None:
+    if "vllm" in args and eval_backends.vllm_available():
         pytest.skip("vllm is installed here")
     line = one_error_line(invoke("eval", *args))
     for word in words:

@@ -11,7 +11,9 @@ MAX_STEPS = 200
 
 
 def learn(tmp_path, *overrides) -> list[float]:
-    cfg = tiny_config("model.lora.enabled=false", "optim.lr=0.003", f"train.steps={MAX_STEPS}", *overrides,
+    # At lr 0.003 GRPO collapsed on some digits (all 16 samples wrong, so no signal) for about
+    # half the seeds; at 0.002 it reached 0.9 within 110 steps for 5 of seeds 0-5, DAPO for 0-1.
+    cfg = tiny_config("model.lora.enabled=false", "optim.lr=0.002", f"train.steps={MAX_STEPS}", *overrides,
                       output_dir=tmp_path)
     trainer = Trainer(cfg, tmp_path)
     rewards = []

@@ -8,7 +8,8 @@ from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
 from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout import _assemble
+from meds_cli.engine.rollout import rollouts_from_samples
+from meds_cli.engine.sampling_engine import Sample
 from meds_cli.engine.scoring import score_rollouts
 from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
@@ -92,13 +93,11 @@ RESPONSES = [("x\\boxed{5}", True), ("ab", True), ("q\\boxed{17", False), ("zz",
 def tiny_batch():
     """Four responses, two per prompt, laid out exactly as sampling lays them out."""
     model, tok = tiny_model_and_tokenizer()
-    enc = tok([p for p in PROMPTS for _ in range(2)], return_tensors="pt", padding=True, add_special_tokens=False)
-    responses = []
-    for text, eos in RESPONSES:
-        ids = tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
-        responses.append(torch.tensor(ids))
+    prompt_ids = [tuple(tok(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS]
+    samples = [Sample(tok(text, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else []), eos)
+               for text, eos in RESPONSES]
     problems = [Problem(id=f"p{i}", question=p, answer="5") for i, p in enumerate(PROMPTS)]
-    batch = _assemble(tok, enc["input_ids"], enc["attention_mask"], responses, problems, 2, [tok.eos_token_id], 16)
+    batch = rollouts_from_samples(tok, prompt_ids, [samples[:2], samples[2:]], problems, 2, [tok.eos_token_id])
     return model, tok, batch
 
 

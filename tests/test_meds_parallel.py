@@ -66,12 +66,12 @@ def test_algorithm_step_is_the_same_with_two_workers():
 
 
 def test_worker_count(monkeypatch):
-    monkeypatch.setattr("algorithms.meds_parallel.usable_cores", lambda: 16)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert resolve_workers(0) == 2 and resolve_workers(3) == 3  # cores shared among a node's 8 ranks
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert resolve_workers(0) == MAX_AUTO_WORKERS == 8 and resolve_workers(12) == 12
-    monkeypatch.setattr("algorithms.meds_parallel.usable_cores", lambda: 1)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
     assert resolve_workers(0) == 1
     # a pool is never used for fewer jobs than MIN_JOBS, or one worker
     assert assign_all([], ClusterSettings(), workers=4) == []

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model import apply_lora
-from meds_cli.engine.rollout import _assemble, _eos_ids
+from meds_cli.engine.rollout import rollouts_from_samples, sample_responses
+from meds_cli.engine.sampling_engine import Sample, stop_token_ids
 from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature
 from meds_cli.engine.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
@@ -32,14 +33,14 @@ def test_old_logprobs_are_those_generate_sampled_from(policy, temperature):
     prompts = ["2*3=", "7*8=12", "9="]  # different lengths: left padding and position ids matter
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     torch.manual_seed(0)
-    eos = _eos_ids(tokenizer)
+    eos = stop_token_ids(tokenizer)
     out = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=True,
                          temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=6, eos_token_id=eos,
                          pad_token_id=tokenizer.pad_token_id, output_scores=True, output_logits=True,
                          return_dict_in_generate=True)
     width = enc["input_ids"].shape[1]
-    responses = list(out.sequences[:, width:])
-    batch = _assemble(tokenizer, enc["input_ids"], enc["attention_mask"], responses, [None] * 3, 1, eos, 6)
+    batch = rollouts_from_samples(tokenizer, [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts],
+                                  [[_cut_at_stop(row.tolist(), eos)] for row in out.sequences[:, width:]], [None] * 3, 1, eos)
     score_rollouts(model, batch, 2, with_reference=False, temperature=temperature)
     # what generate sampled from: its processed scores (logits / T; top-k 0 and top-p 1 filter nothing)
     sampled_from = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
@@ -55,6 +56,28 @@ def test_old_logprobs_are_those_generate_sampled_from(policy, temperature):
     if temperature != 1.0:  # scoring at T = 1 would not match: the temperature is what makes it right
         score_rollouts(model, batch, 2, with_reference=False, temperature=1.0)
         assert not torch.allclose(batch.old_logp, expected, atol=1e-3)
+
+
+def _cut_at_stop(tokens: list[int], stop_ids) -> Sample:
+    """generate()'s row as the engines return it: up to and including the first stop token."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return Sample(tokens[:i + 1], True)
+    return Sample(tokens, False)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_old_logprobs_are_those_the_rollout_engine_sampled_from(policy, temperature):
+    """The hf engine's own log-probs (through its KV cache, one prefill shared by the group) are
+    those of the distribution it drew from; the scoring pass at the rollout temperature gives the
+    same numbers."""
+    model, tokenizer = policy
+    torch.manual_seed(0)
+    batch = sample_responses(model, tokenizer, ["2*3=", "7*8=12"], [None, None], 3, temperature=temperature,
+                             top_p=1.0, max_new_tokens=6, batch_size=4)
+    assert batch.sampler_logp is not None and batch.response_mask.sum() > 6
+    score_rollouts(model, batch, 2, with_reference=False, temperature=temperature)
+    assert torch.allclose(batch.old_logp, batch.sampler_logp, atol=1e-4)
 
 
 def test_greedy_rollouts_are_scored_at_temperature_one():

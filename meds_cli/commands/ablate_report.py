@@ -1,6 +1,7 @@
 """The comparison of `meds ablate`: one row per variant (mean and std over seeds), as a rich table
-in the terminal and as summary.md, summary.csv and summary.json, plus reward_curves.png and
-pass_at_k.png in the ablation folder.
+in the terminal and as summary.md, summary.csv and summary.json, plus reward_curves.png,
+pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, clusters and eigen ratio per
+step) in the ablation folder.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the final reward, distinct wrong answers per group and the top-1 eigen ratio (each the mean over
@@ -24,6 +25,15 @@ METRICS = [  # (key, column header)
     ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),
     ("distinct_wrong", "distinct wrong"), ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
     ("time_per_step_s", "s/step"),
+]
+
+
+# (curve name in the results, metrics.jsonl key, axis label): what diagnostics.png plots per step.
+STEP_CURVES = [
+    ("reward_curve", "reward", "reward (unshaped, sampled batch)"),
+    ("distinct_wrong_curve", "distinct_wrong_answers_per_group", "distinct wrong answers per group"),
+    ("clusters_curve", "meds/clusters_per_prompt", "wrong-answer clusters per prompt (MEDS)"),
+    ("eigen_ratio_curve", "meds/eigen_ratio_top1", "eigen ratio, top-1 (MEDS)"),
 ]
 
 
@@ -63,7 +73,7 @@ def variant_result(run_dir: Path, results_file: Path) -> dict:
         "final_reward": _tail_mean(rows, "reward"), "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
         "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
         "time_per_step_s": float(np.mean(times)) if times else None,
-        "reward_curve": [[r["step"], r["reward"]] for r in rows if "reward" in r],
+        **{curve: [[r["step"], r[metric]] for r in rows if metric in r] for curve, metric, _ in STEP_CURVES},
         "pass_at_k_curve": {k: passk[str(k)] for k in ks},
     }
 
@@ -175,6 +185,27 @@ def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
     _save(fig, ax, path, "step", "reward (unshaped, sampled batch)", "reward per step (mean over seeds, band: one std)")
 
 
+def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> None:
+    """One panel per STEP_CURVES entry: its value per step, mean over seeds with a band of one std
+    (variants that do not log a value, such as the baseline's clusters, are absent from its panel)."""
+    fig, axes = _pyplot().subplots(2, 2, figsize=(11, 7.5))
+    for ax, (curve, _, label) in zip(axes.flat, STEP_CURVES):
+        for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
+            if not steps:
+                continue
+            ax.plot(steps, mean, marker="o", markersize=2, label=group)
+            if std.any():
+                ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("training diagnostics per step (mean over seeds, band: one std)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
     """pass@k against k (log scale), mean over seeds with error bars of one std."""
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
@@ -209,9 +240,10 @@ def write_report(folder: Path, variants, eval_options, console) -> dict:
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_reward_curves(variants, results, folder / "reward_curves.png")
     plot_pass_at_k(variants, results, folder / "pass_at_k.png")
+    plot_step_diagnostics(variants, results, folder / "diagnostics.png")
     from rich.console import Console
 
     Console().print(rich_table(rows, k, f"MEDS ablation {folder}"))  # the result goes to stdout, progress to stderr
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
-                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}")
+                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}")
     return summary

@@ -23,6 +23,7 @@ from meds_cli.engine.config import RunConfig, dump_yaml, load_config
 from meds_cli.engine.model import check_lora_rank, precheck_model
 from meds_cli.engine.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
 from meds_cli.engine.run_lock import RunLock
+from meds_cli.core.cpu_budget import configure_torch_threads
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
              ("loss", "loss"), ("time_step_s", "s/step")]
@@ -71,6 +72,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     from meds_cli.engine.trackers import accelerator_kwargs
 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
+    configure_torch_threads()  # this process's share of the cores (accelerate launch starts several)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     run_dir = plan.run_dir

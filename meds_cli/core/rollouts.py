@@ -32,6 +32,7 @@ class Rollouts:
     old_logp: torch.Tensor | None = None  # [B, R]
     ref_logp: torch.Tensor | None = None  # [B, R], reference policy (adapter disabled)
     entropy: torch.Tensor | None = None  # [B, R]
+    sampler_logp: torch.Tensor | None = None  # [B, R], the rollout engine's own log-probs, where it gives them
     verdicts: list[Verdict] = field(default_factory=list)  # grader's view; label-free algorithms never read it
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # each [B]
     rewards: torch.Tensor | None = None  # [B], after shaping
@@ -106,7 +107,7 @@ class Rollouts:
 # How fields join across batches of different widths: [B, Lp + R] tensors are padded on both
 # sides, [B, R] tensors on the right; every other per-response field is concatenated as it is.
 _PROMPT_SIDE = ("input_ids", "attention_mask")
-_RESPONSE_SIDE = ("response_ids", "response_mask", "old_logp", "ref_logp", "entropy")
+_RESPONSE_SIDE = ("response_ids", "response_mask", "old_logp", "ref_logp", "entropy", "sampler_logp")
 _PER_RESPONSE = tuple(f.name for f in fields(Rollouts) if f.name not in ("problems", "group_size", "prompt_width"))
 
 

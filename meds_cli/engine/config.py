@@ -102,13 +102,40 @@ class RewardConfig:
 
 
 @dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = doc(0.3, "share of each GPU's memory the colocated vLLM holds (weights + KV cache)",
+                                        UNIT_INTERVAL)
+    tensor_parallel_size: int = doc(1, "GPUs per vLLM instance; the processes of a group pool their prompts",
+                                    at_least(1))
+    sleep_level: int = doc(1, "while the trainer updates: 0 stay awake, 1 weights to CPU and KV cache freed, "
+                              "2 weights freed too (needs a full-weight sync)", Check(lambda v: v in (0, 1, 2), "0, 1 or 2"))
+    sync: str = choice("adapter", ["adapter", "merged"],
+                       "with LoRA: push the adapter as a new LoRARequest each step, or load merged weights in place")
+    dtype: str = choice("bfloat16", ["bfloat16", "float16", "float32", "auto"], "what vLLM computes in")
+    max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the model's limit)",
+                             at_least(0))
+
+
+@dataclass
 class RolloutConfig:
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
     temperature: float = doc(1.0, "sampling temperature", greater_than(0, "training samples; greedy decoding gives a group no spread"))
     top_p: float = doc(1.0, "nucleus sampling threshold", UNIT_INTERVAL)
     max_new_tokens: int = doc(64, "response length limit; longer responses are truncated", at_least(1))
-    generation_batch_size: int = doc(32, "sequences per generate call", at_least(1))
+    min_new_tokens: int = doc(0, "stop tokens are held back before this many tokens (min = max forces equal lengths, "
+                                 "for benchmarks)", at_least(0))
+    generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine", at_least(1))
+    engine: str = choice("hf", ["hf", "vllm", "auto"], "rollout engine: hf (the training model itself), vllm "
+                         "(colocated vLLM; needs the vllm package and a GPU), auto (vllm where it can run)")
+    is_correction: str = choice("none", ["none", "tis"], "importance-sampling correction against the engine's own "
+                                "log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap)")
+    tis_cap: float = doc(2.0, "cap of the truncated importance weight", FINITE_POSITIVE)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+    def validate(self, prefix: str) -> None:
+        require(self.min_new_tokens <= self.max_new_tokens,
+                f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
 
 
 @dataclass

@@ -1,14 +1,16 @@
-"""Generation backends of `meds eval` (the interface is benchmarks/generation.py): batched HF generate everywhere, vLLM where it is installed
-and a GPU is present, behind one small interface.
+"""Generation backends of `meds eval` (the interface is benchmarks/generation.py): the rollout
+engines the trainer samples with (meds_cli/engine/sampling_engine.py), `hf` everywhere and `vllm`
+where it is installed and a GPU is present, so one code path serves training and eval.
 
 A backend turns requests (prompt, n, seed) into n responses each. The seed belongs to the
-request, not to the backend's call, so a problem's samples depend only on (--seed, benchmark,
-problem id, first sample index) and the generation settings: an interrupted eval that resumes
-draws the same samples as one that was never stopped.
-  - HF: one `generate` per problem (its n samples share one prompt, so no padding and no other
-    problem can change its numbers), after `torch.manual_seed(request.seed)`.
-  - vLLM: every request of a chunk in one `LLM.generate`, each with its own
-    `SamplingParams(seed=...)`; the checkpoint's LoRA adapter rides along as a LoRARequest.
+request, not to the backend's call, and each of its n samples gets its own seed from it, so a
+problem's samples depend only on (--seed, benchmark, problem id, first sample index) and the
+generation settings: an interrupted eval that resumes draws the same samples as one that was
+never stopped. Prompts go to the engine as token ids, with the trainer's stop ids.
+  - hf: one problem per call (its n samples share one prefill and no other problem can change
+    its numbers).
+  - vllm: a chunk of problems per call; the checkpoint's LoRA adapter is served as a
+    LoRARequest (max_lora_rank rounded up to a size vLLM accepts).
 
 Model loading lives here too: a run's checkpoint is the run's base model (config.yaml
 model.name) plus either its peft adapter (`adapter/`) or its trainable weights
@@ -17,16 +19,21 @@ model.name) plus either its peft adapter (`adapter/`) or its trainable weights
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.generation import Backend, GenerationSettings, Generated, Request
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import VLLMConfig
+from meds_cli.engine.hf_sampler import HFEngine
+from meds_cli.engine.rollout import decode_responses
+from meds_cli.engine.sampling_engine import (ENGINES, RolloutEngine, SampleRequest, SamplingSettings, cuda_available,
+                                             resolve_engine, stop_token_ids)
+from meds_cli.engine.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
 from meds_cli.engine.state_codec import read_tensors
 
-BACKENDS = ("auto", "hf", "vllm")
+BACKENDS = ENGINES
 
 
 @dataclass(frozen=True)
@@ -45,32 +52,15 @@ class ModelSpec:
         return f"{self.checkpoint.parent.parent.name}@{self.checkpoint.name}"
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve_backend(name: str) -> str:
     """'hf' or 'vllm' for --backend; 'auto' picks vLLM only when it can actually run."""
-    if name not in BACKENDS:
-        raise UserError(f"unknown --backend '{name}'; accepted: {', '.join(BACKENDS)}")
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    if name == "auto":
-        return "vllm" if has_vllm and _cuda() else "hf"
-    if name == "vllm":
-        if not has_vllm:
-            raise UserError("--backend vllm needs the vllm package, which is not installed (pip install vllm); "
-                            "use --backend hf")
-        if not _cuda():
-            raise UserError("--backend vllm needs a CUDA GPU and none is visible; use --backend hf")
-    return name
+    return resolve_engine(name, key="--backend")
 
 
 def _dtype(spec: ModelSpec) -> str:
     if spec.dtype:
         return spec.dtype
-    return "bfloat16" if _cuda() else "float32"
+    return "bfloat16" if cuda_available() else "float32"
 
 
 # ---------------------------------------------------------------- HF
@@ -83,7 +73,7 @@ def load_hf_policy(spec: ModelSpec):
     model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
     if spec.checkpoint is not None:
         model = apply_checkpoint(model, spec)
-    if _cuda():
+    if cuda_available():
         model = model.to("cuda")
     model.eval()
     return model, tokenizer
@@ -134,80 +124,68 @@ def apply_checkpoint(model, spec: ModelSpec, merge: bool = True):
     return model.merge_and_unload() if merge and hasattr(model, "merge_and_unload") else model
 
 
+def sample_seeds(seed: int, n: int) -> tuple[int, ...]:
+    """The seeds of a request's n samples, from the request's seed."""
+    return tuple((seed * 1_000_003 + j) % 2**63 for j in range(n))
+
+
+def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request], settings: GenerationSettings) -> list[Generated]:
+    """The harness's requests through a rollout engine."""
+    stops = stop_token_ids(tokenizer)
+    sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops)
+    prompt_ids = tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"]
+    out = engine.generate([SampleRequest(tuple(ids), sample_seeds(r.seed, r.n)) for ids, r in zip(prompt_ids, requests)],
+                          sampling)
+    return [Generated(decode_responses(tokenizer, samples, stops), [len(s.token_ids) for s in samples],
+                      [not s.stopped for s in samples]) for samples in out]
+
+
 class HFBackend:
-    """Batched HF generate through meds_cli.engine.rollout.sample_responses, one problem per call."""
+    """The `hf` rollout engine on the evaluated model, one problem per call."""
 
     name = "hf"
     chunk_problems = 1
 
     def __init__(self, model, tokenizer, settings: GenerationSettings):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.engine = HFEngine(model, tokenizer.pad_token_id, settings.batch_size)
 
     def generate(self, requests: list[Request]) -> list[Generated]:
-        import torch
-
-        from meds_cli.engine.rollout import sample_responses
-
-        out = []
-        s = self.settings
-        for request in requests:
-            torch.manual_seed(request.seed)  # seeds CUDA too
-            batch = sample_responses(self.model, self.tokenizer, [request.prompt], [None], request.n,
-                                     temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
-                                     batch_size=s.batch_size)
-            out.append(Generated(list(batch.response_texts), batch.response_lengths.tolist(),
-                                 [bool(t) for t in batch.truncated.tolist()]))
-        return out
+        return generate_with(self.engine, self.tokenizer, requests, self.settings)
 
 
 # ---------------------------------------------------------------- vLLM
 
 
 class VLLMBackend:
-    """vLLM offline generation; a chunk of problems per call, a seed per request."""
+    """The `vllm` rollout engine serving the evaluated model (and its checkpoint's adapter); a
+    chunk of problems per call."""
 
     name = "vllm"
     chunk_problems = 64  # large enough to fill the GPU, small enough to save progress often
 
-    def __init__(self, spec: ModelSpec, settings: GenerationSettings):
-        from vllm import LLM  # noqa: PLC0415 - optional dependency
-
+    def __init__(self, spec: ModelSpec, settings: GenerationSettings, api=None):
         from meds_cli.engine.model import TINY, load_tokenizer, resolve_model
+        from meds_cli.engine.vllm_engine import VLLMEngine
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
         self.settings = settings
         source = resolve_model(spec.name)
-        self.lora_request = None
-        kwargs: dict = {}
+        adapter, rank = None, None
         if spec.checkpoint is not None:
             adapter = checkpoint_adapter(spec.checkpoint)
             if adapter is not None:
-                from vllm.lora.request import LoRARequest
-
-                rank = json.loads((adapter / "adapter_config.json").read_text()).get("r", 16)
-                kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)), max_loras=1)
-                self.lora_request = LoRARequest("checkpoint", 1, str(adapter.resolve()))
+                rank = int(json.loads((adapter / "adapter_config.json").read_text()).get("r", 16))
             else:
                 # Full fine-tuning: vLLM reads weights only from a model folder, so write one.
                 source = str(_merged_copy(spec))
         self.tokenizer = load_tokenizer(source)
-        self.llm = LLM(model=source, tokenizer=source, dtype=_dtype(spec), **kwargs)
+        options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec))  # eval has the GPU alone
+        self.engine = VLLMEngine(source, options=options, lora_rank=rank, adapter_path=adapter, api=api)
 
     def generate(self, requests: list[Request]) -> list[Generated]:
-        from vllm import SamplingParams
-
-        s = self.settings
-        params = [SamplingParams(n=r.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens,
-                                 seed=r.seed) for r in requests]
-        outputs = self.llm.generate([r.prompt for r in requests], params, lora_request=self.lora_request,
-                                    use_tqdm=False)
-        result = []
-        for output in outputs:
-            completions = sorted(output.outputs, key=lambda c: c.index)
-            result.append(Generated([c.text for c in completions], [len(c.token_ids) for c in completions],
-                                    [c.finish_reason == "length" for c in completions]))
-        return result
+        return generate_with(self.engine, self.tokenizer, requests, self.settings)
 
 
 def _merged_copy(spec: ModelSpec) -> Path:

@@ -1,82 +1,108 @@
-"""Generation of rollouts: batched HF generate (the batch layout is in meds_cli/core/rollouts.py;
-the forward pass that scores them is in meds_cli/engine/scoring.py).
+"""Generation of rollouts: samples from the rollout engine (meds_cli/engine/sampling_engine.py:
+`hf` or `vllm`) laid out as a Rollouts batch (meds_cli/core/rollouts.py). The forward pass that
+scores them is in meds_cli/engine/scoring.py.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from meds_cli.core.errors import UserError
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.hf_sampler import HFEngine
+from meds_cli.engine.sampling_engine import (RolloutEngine, Sample, SampleRequest, SamplingSettings, resolve_engine,
+                                             stop_token_ids)
 
 
 # ---------------------------------------------------------------- generation
 
 
-def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as generate() computes them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
+    """The rollout engine of `rollout.engine` for the training model `model` (unwrapped)."""
+    if resolve_engine(cfg.rollout.engine) == "hf":
+        return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+    from meds_cli.engine.model import TINY, resolve_model
+    from meds_cli.engine.vllm_engine import VLLMEngine, tensor_parallel_gather
+
+    if cfg.model.name == TINY:
+        raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
+    options = cfg.rollout.vllm
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    return VLLMEngine(resolve_model(cfg.model.name), options=options, seed=cfg.train.seed + rank, policy=model,
+                      lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else None, scratch_dir=scratch_dir,
+                      processes=processes,
+                      tp_gather=tensor_parallel_gather(options.tensor_parallel_size)
+                      if options.tensor_parallel_size > 1 else None)
 
 
-@torch.no_grad()
+def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = None,
+                      top_p: float | None = None) -> SamplingSettings:
+    """The rollout section's sampling settings (temperature / top_p overridable, as for greedy evals)."""
+    return SamplingSettings(temperature=rollout_cfg.temperature if temperature is None else temperature,
+                            top_p=rollout_cfg.top_p if top_p is None else top_p,
+                            max_new_tokens=rollout_cfg.max_new_tokens, stop_ids=stop_token_ids(tokenizer),
+                            min_new_tokens=rollout_cfg.min_new_tokens)
+
+
+def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
+                    settings: SamplingSettings) -> Rollouts:
+    """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
+    token ids (the chat template already holds any BOS); each sample's seed is drawn from torch's
+    RNG, which the trainer reseeds every step, so a resumed run samples the same responses."""
+    prompt_ids = [tuple(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+    seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
+    samples = engine.generate([SampleRequest(ids, tuple(s)) for ids, s in zip(prompt_ids, seeds)], settings)
+    return rollouts_from_samples(tokenizer, prompt_ids, samples, problems, group_size, settings.stop_ids)
+
+
 def sample_responses(model, tokenizer, prompts: list[str], problems: list[Problem], group_size: int, *,
-                     temperature: float, top_p: float, max_new_tokens: int, batch_size: int) -> Rollouts:
-    """Sample `group_size` responses for every prompt with batched HF generate (left padding)."""
-    device = next(model.parameters()).device
-    eos_ids = _eos_ids(tokenizer)
-    pad_id = tokenizer.pad_token_id
-    texts = [p for p in prompts for _ in range(group_size)]
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
-    responses = []
-    do_sample = temperature > 0
-    for start in range(0, len(texts), batch_size):
-        ids = prompt_ids[start:start + batch_size].to(device)
-        mask = prompt_mask[start:start + batch_size].to(device)
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=do_sample, max_new_tokens=max_new_tokens,
-            temperature=temperature if do_sample else None, top_p=top_p if do_sample else None, top_k=0 if do_sample else None,
-            eos_token_id=eos_ids, pad_token_id=pad_id,
-        )
-        responses.extend(out[:, ids.shape[1]:].cpu())
-    return _assemble(tokenizer, prompt_ids, prompt_mask, responses, problems, group_size, eos_ids, max_new_tokens)
+                     temperature: float, top_p: float, max_new_tokens: int, batch_size: int,
+                     min_new_tokens: int = 0) -> Rollouts:
+    """sample_rollouts with the `hf` engine on `model` (scripts and tests that hold a bare model)."""
+    settings = SamplingSettings(temperature, top_p, max_new_tokens, stop_token_ids(tokenizer), min_new_tokens)
+    engine = HFEngine(model, tokenizer.pad_token_id, batch_size)
+    return sample_rollouts(engine, tokenizer, prompts, problems, group_size, settings)
 
 
-def _eos_ids(tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    # Chat models end a turn with their own token (SmolLM2: <|im_end|>), which may differ from eos.
-    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-        tid = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
-        if tid is not None:
-            ids.add(tid)
-    return sorted(i for i in ids if i is not None)
+def decode_responses(tokenizer, samples: list[Sample], stop_ids) -> list[str]:
+    """Response texts without their stop tokens."""
+    stop = set(stop_ids)
+    return tokenizer.batch_decode([[t for t in s.token_ids if t not in stop] for s in samples],
+                                  skip_special_tokens=True)
 
 
-def _assemble(tokenizer, prompt_ids, prompt_mask, responses, problems, group_size, eos_ids, max_new_tokens) -> Rollouts:
-    """Cut each response after its first EOS and lay the batch out as described above."""
-    pad_id = tokenizer.pad_token_id
-    eos = torch.tensor(eos_ids)
-    cut, truncated = [], []
-    for resp in responses:
-        is_eos = torch.isin(resp, eos)
-        if is_eos.any():
-            end = int(is_eos.nonzero()[0]) + 1
-            cut.append(resp[:end])
-            truncated.append(False)
-        else:
-            cut.append(resp)
-            truncated.append(True)
-    width = max(1, max(len(c) for c in cut))
-    response_ids = torch.full((len(cut), width), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((len(cut), width))
-    for i, c in enumerate(cut):
-        response_ids[i, :len(c)] = c
-        response_mask[i, :len(c)] = 1.0
-    texts = tokenizer.batch_decode([c[~torch.isin(c, eos)] for c in cut], skip_special_tokens=True)
+def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples: list[list[Sample]],
+                          problems: list[Problem], group_size: int, stop_ids) -> Rollouts:
+    """Lay the engine's samples out as described in meds_cli/core/rollouts.py: prompts
+    left-padded, responses (stop token included) right-padded, the sampler's log-probs beside
+    them where the engine gave them."""
+    rows = [(ids, sample) for ids, group in zip(prompt_ids, samples) for sample in group]
+    pad = tokenizer.pad_token_id
+    width_p = max(len(ids) for ids, _ in rows)
+    width_r = max(1, max(len(s.token_ids) for _, s in rows))
+    prompt = torch.full((len(rows), width_p), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((len(rows), width_p), dtype=torch.long)
+    response = torch.full((len(rows), width_r), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(rows), width_r))
+    with_logprobs = all(s.logprobs is not None for _, s in rows)
+    sampler_logp = torch.zeros((len(rows), width_r)) if with_logprobs else None
+    for i, (ids, sample) in enumerate(rows):
+        if ids:
+            prompt[i, width_p - len(ids):] = torch.tensor(ids)
+            prompt_mask[i, width_p - len(ids):] = 1
+        n = len(sample.token_ids)
+        response[i, :n] = torch.tensor(sample.token_ids, dtype=torch.long)
+        response_mask[i, :n] = 1.0
+        if with_logprobs:
+            sampler_logp[i, :n] = torch.tensor(sample.logprobs)
     return Rollouts(
         problems=problems, group_size=group_size,
-        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+        input_ids=torch.cat([prompt, response], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask.long()], dim=1),
-        prompt_width=prompt_ids.shape[1], response_ids=response_ids, response_mask=response_mask,
-        response_texts=texts, truncated=torch.tensor(truncated),
+        prompt_width=width_p, response_ids=response, response_mask=response_mask,
+        response_texts=decode_responses(tokenizer, [s for _, s in rows], stop_ids),
+        truncated=torch.tensor([not s.stopped for _, s in rows]), sampler_logp=sampler_logp,
     )

@@ -19,9 +19,13 @@ import torch
 from meds_cli.core.forward import ForwardView, output_head
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
-from meds_cli.engine.rollout import position_ids_for
 
 SCORING_SETTINGS = ["auto", "always"]
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as generate() computes them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def scoring_temperature(rollout_temperature: float) -> float:

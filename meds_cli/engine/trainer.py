@@ -29,7 +29,8 @@ from meds_cli.engine.metrics import rollout_metrics, trained_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.rollout import sample_responses
+from meds_cli.engine.importance import mismatch_metrics
+from meds_cli.engine.rollout import make_engine, sample_rollouts, sampling_settings
 from meds_cli.engine.samples_log import record_samples, should_log_samples
 from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature
 from meds_cli.engine.sharding import check_distributed_setup, gathered_parameters, make_accelerator
@@ -84,6 +85,9 @@ class Trainer:
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
+        # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
+        self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
+                                  processes=self.world, rank=self.rank)
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -118,10 +122,9 @@ class Trainer:
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         model.eval()
-        with gathered_parameters(self.sharded):
-            batch = sample_responses(model, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                     max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
+        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
+            batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
+                                    sampling_settings(cfg.rollout, self.tokenizer))
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
@@ -221,7 +224,9 @@ class Trainer:
         row = {"step": step, **info, **rollout_metrics(sampled)}
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
-            row.update(self.update(batch))
+            row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did
+            if batch.sampler_logp is not None:
+                row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, self.cfg.rollout.tis_cap))
             row.update(trained_metrics(batch))
             self.algorithm.on_step_end(batch, step)
             row.update(self.algorithm.step_metrics(batch))
@@ -265,9 +270,8 @@ class Trainer:
         with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
             if problems:
                 prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-                batch = sample_responses(model, self.tokenizer, prompts, problems, 1, temperature=self.cfg.eval.temperature,
-                                         top_p=1.0, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                         batch_size=self.cfg.rollout.generation_batch_size)
+                settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
+                batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
         total = self._global_sum(len(problems))
@@ -320,3 +324,4 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> None:
         checkpoints.load_checkpoint(self, path)
+        self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights

@@ -21,6 +21,7 @@ import torch
 from algorithms.policy_loss import agg_loss
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine import sharding
+from meds_cli.engine.importance import is_correction_weights
 from meds_cli.engine.metrics import mean_of
 from meds_cli.engine.precision import low_precision_training_warning
 from meds_cli.engine.scoring import policy_forward, scoring_temperature
@@ -80,9 +81,12 @@ def update_policy(trainer, batch: Rollouts) -> dict:
     """PPO epochs x mini-batches of optimizer steps on `batch`; returns the update's metrics.
 
     Without a scoring pass (batch.old_logp is None: one optimizer step per batch, engine/scoring.py)
-    the old log-probs are this forward's own, detached, and its entropy fills batch.entropy."""
+    the old log-probs are this forward's own, detached: they fill batch.old_logp, and its entropy
+    batch.entropy. The rollout engine is released for the update (vLLM sleeps) and told of every
+    optimizer step."""
     cfg, algo, acc = trainer.cfg, trainer.algorithm, trainer.acc
     model, world, device = trainer.model, trainer.world, acc.device
+    trainer.engine.release()
     model.train()
     size = batch.size
     mini = (cfg.train.mini_batch_size // world) if cfg.train.mini_batch_size else size
@@ -91,6 +95,7 @@ def update_policy(trainer, batch: Rollouts) -> dict:
     own_old = batch.old_logp is None
     if own_old:
         batch.entropy = torch.zeros_like(batch.response_mask)
+        batch.old_logp = torch.zeros_like(batch.response_mask)
     mask = algo.loss_mask(batch)
     adv = batch.advantages
     params = [p for p in model.parameters() if p.requires_grad]
@@ -115,11 +120,16 @@ def update_policy(trainer, batch: Rollouts) -> dict:
                     if own_old:
                         old = logp.detach()
                         batch.entropy[chunk] = entropy.cpu()
+                        batch.old_logp[chunk] = old.float().cpu()
                     else:
                         old = batch.old_logp[chunk].to(device)
                     ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
                     chunk_mask = mask[chunk].to(device)
                     loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref)
+                    sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
+                    weights = is_correction_weights(cfg.rollout.is_correction, old, sampler, cfg.rollout.tis_cap)
+                    if weights is not None:  # the engine sampled from pi_sampler, not pi_old
+                        loss_mat = loss_mat * weights
                     loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
                                     total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
                     # DDP and FSDP2 average gradients over processes; the normalisers are global already.
@@ -130,6 +140,7 @@ def update_policy(trainer, batch: Rollouts) -> dict:
             grad_norms.append(float(sharding.clip_gradients(params, cfg.optim.grad_clip)))
             losses.append(step_loss)
             trainer.optimizer.step()
+            trainer.engine.policy_updated()
             trainer.scheduler.step()
             trainer.optimizer.zero_grad(set_to_none=True)
     out = mean_of(stats)

@@ -1,0 +1,250 @@
+"""The `hf` rollout engine: a decode loop over the training model itself, in this process.
+
+Why not `model.generate`: for RL rollouts the work is G samples of the same prompt, and
+generate's general machinery costs time that this shape does not need. The loop here
+  - runs one prefill per distinct prompt and copies its KV cache to the G rows that share it;
+  - drops a row from the batch as soon as it ends (no decoding of padding after an early EOS);
+  - samples every row from its own pre-drawn uniforms (inverse CDF), so a sample depends on its
+    seed only, never on the rows beside it, in one vectorised call per step;
+  - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
+    instead of three), restoring the original weight tensors afterwards, untouched.
+It returns the sampler's log-prob of each token under the distribution it sampled from
+(temperature and top-p applied), for importance-sampling corrections and mismatch metrics.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from typing import Sequence
+
+import torch
+
+from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings
+
+
+def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float,
+                  top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of `logits` [a, V] from `uniforms` [a] in [0, 1) by inverse CDF, and its
+    log-prob under the distribution sampled from (softmax(logits / T), cut to the top-p nucleus
+    and renormalised). Temperature 0 is greedy (log-prob of the argmax at temperature 1).
+
+    The nucleus keeps a token while the mass of the more likely tokens before it is below top_p
+    (at least one token), as HF's and vLLM's top-p do."""
+    if temperature <= 0:
+        tokens = logits.argmax(-1)
+        return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    scaled = logits if temperature == 1 else logits / temperature
+    peak = scaled.amax(-1, keepdim=True)
+    weights = (scaled - peak).exp_()  # probabilities up to one factor per row: no pass to normalise
+    order = None
+    if top_p < 1.0:
+        weights, order = _nucleus(weights, top_p)
+    cdf = weights.cumsum(-1)
+    mass = cdf[:, -1:]
+    index = torch.searchsorted(cdf, uniforms[:, None] * mass, right=True).clamp_(max=cdf.shape[-1] - 1)
+    # u * mass can round up to the whole mass; take the most likely token then.
+    zero = weights.gather(-1, index).squeeze(-1) <= 0
+    if zero.any():
+        index[zero] = weights[zero].argmax(-1, keepdim=True)
+    tokens = (order.gather(-1, index) if order is not None else index).squeeze(-1)
+    logp = scaled.gather(-1, tokens[:, None]) - peak - mass.log()
+    return tokens, logp.squeeze(-1)
+
+
+def _nucleus(weights: torch.Tensor, top_p: float, first_look: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of each row of unnormalised `weights`: (kept weights in descending
+    order, zero past the nucleus; their token ids). A full sort of the vocabulary costs ten times
+    a top-k of a few hundred, and real next-token distributions put the nucleus there: sort
+    everything only when some row's nucleus reaches past the first look."""
+    total = weights.sum(-1, keepdim=True)
+    values, order = weights.topk(min(first_look, weights.shape[-1]))
+    if values.shape[-1] < weights.shape[-1] and (values.sum(-1, keepdim=True) < top_p * total).any():
+        values, order = weights.sort(-1, descending=True)
+    keep = values.cumsum(-1) - values < top_p * total
+    keep[:, 0] = True
+    return values * keep, order
+
+
+def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
+    """[len(seeds), steps] uniforms, row i drawn from a generator seeded with seeds[i]."""
+    out = torch.empty(len(seeds), steps)
+    for i, seed in enumerate(seeds):
+        out[i] = torch.rand(steps, generator=torch.Generator().manual_seed(int(seed) % 2**63))
+    return out
+
+
+def _lora_layers(model):
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # peft absent: nothing can be wrapped
+        return []
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+@contextmanager
+def merged_lora(model):
+    """Decode with each LoRA layer's adapter folded into its base weight.
+
+    The merged weight is a new tensor W + ΔW put in place of W for the duration; on exit the
+    original tensor object is put back, so the weights after sampling are bit-identical to
+    those before (peft's merge/unmerge subtracts ΔW again and drifts by rounding). Costs one
+    extra copy of the adapted weights while sampling. Sharded (DTensor) or already merged
+    layers are left as they are."""
+    swapped = []
+    try:
+        for layer in _lora_layers(model):
+            base = layer.get_base_layer()
+            weight = getattr(base, "weight", None)
+            active = [a for a in layer.active_adapters if a in getattr(layer, "lora_A", {})]
+            if (weight is None or type(weight.data) is not torch.Tensor or layer.merged or layer.disable_adapters
+                    or not active or not hasattr(layer, "get_delta_weight")):
+                continue
+            original = weight.data
+            merged = original.clone()
+            for adapter in active:
+                merged += layer.get_delta_weight(adapter).to(merged.dtype)
+            weight.data = merged
+            # peft's forward uses the base layer alone while `merged` is true
+            layer.merged_adapters = list(active)
+            swapped.append((layer, weight, original))
+        yield
+    finally:
+        for layer, weight, original in swapped:
+            weight.data = original
+            layer.merged_adapters = []
+
+
+def _cache_keyword(model) -> str:
+    """transformers 5 renamed the forward's `past_key_values` to `cache` (the old name warns)."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int) -> list[list[Sample]]:
+    """Sample every request's responses in one batch: one prefill per prompt, then one forward
+    per new token over the rows still running."""
+    device = next(model.parameters()).device
+    width = max(len(r.prompt_ids) for r in requests)
+    ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(requests), width), dtype=torch.long)
+    for i, request in enumerate(requests):
+        if request.prompt_ids:
+            ids[i, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
+            mask[i, width - len(request.prompt_ids):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    cache_keyword = _cache_keyword(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache = out.get("cache")
+    if cache is None:  # transformers before the rename
+        cache = out.past_key_values
+    rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([r.n for r in requests])).to(device)
+    if len(rows) != len(requests) or not torch.equal(rows, torch.arange(len(requests), device=device)):
+        cache.batch_select_indices(rows)  # the prompt's keys and values, copied to each of its samples
+    logits = out.logits[:, -1].float()[rows]
+    mask, next_position = mask[rows], positions[rows, -1] + 1
+    del out
+
+    steps = settings.max_new_tokens
+    uniforms = row_uniforms([s for r in requests for s in r.seeds], steps).to(device)
+    total = len(rows)
+    tokens_out = torch.zeros((total, steps), dtype=torch.long, device=device)
+    logp_out = torch.zeros((total, steps), device=device)
+    lengths = torch.zeros(total, dtype=torch.long, device=device)
+    stopped = torch.zeros(total, dtype=torch.bool, device=device)
+    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
+    running = torch.arange(total, device=device)  # original row of each batch row
+    for t in range(steps):
+        if t < settings.min_new_tokens and stop.numel():
+            logits[:, stop] = float("-inf")
+        token, logp = choose_tokens(logits, uniforms[running, t], settings.temperature, settings.top_p)
+        tokens_out[running, t] = token
+        logp_out[running, t] = logp
+        lengths[running] += 1
+        ended = torch.isin(token, stop)
+        if t == steps - 1:
+            stopped[running[ended]] = True
+            break
+        if ended.any():
+            stopped[running[ended]] = True
+            keep = (~ended).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            running, token, mask, next_position = running[keep], token[keep], mask[keep], next_position[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                    use_cache=True, **{cache_keyword: cache})
+        logits = out.logits[:, -1].float()
+        next_position = next_position + 1
+        del out
+
+    tokens_out, logp_out, lengths, stopped = tokens_out.cpu(), logp_out.cpu(), lengths.tolist(), stopped.tolist()
+    samples = [Sample(tokens_out[i, :lengths[i]].tolist(), stopped[i], logp_out[i, :lengths[i]].tolist())
+               for i in range(total)]
+    grouped, start = [], 0
+    for request in requests:
+        grouped.append(samples[start:start + request.n])
+        start += request.n
+    return grouped
+
+
+def batches_of(requests: Sequence[SampleRequest], rows: int) -> list[list[SampleRequest]]:
+    """Consecutive requests grouped so that a batch holds at most `rows` samples; a request with
+    more samples than that is split into several (each keeps its own seeds)."""
+    batches, current, size = [], [], 0
+    for request in requests:
+        seeds = list(request.seeds)
+        while seeds:
+            room = rows - size
+            if room == 0:
+                batches.append(current)
+                current, size = [], 0
+                room = rows
+            part, seeds = seeds[:room], seeds[room:]
+            current.append(SampleRequest(request.prompt_ids, tuple(part)))
+            size += len(part)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class HFEngine:
+    """The rollout engine on the training model: nothing to push after an update (it samples
+    from the live weights), nothing to release."""
+
+    name = "hf"
+
+    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True):
+        self.model, self.pad_id, self.batch_size, self.merge_lora = model, pad_id, max(1, batch_size), merge_lora
+
+    def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with merged_lora(self.model) if self.merge_lora else nullcontext():
+                out = []
+                for batch in batches_of(requests, self.batch_size):
+                    out.extend(decode(self.model, batch, settings, self.pad_id))
+        finally:
+            self.model.train(was_training)
+        return _regroup(requests, out)
+
+    def policy_updated(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def _regroup(requests: Sequence[SampleRequest], parts: list[list[Sample]]) -> list[list[Sample]]:
+    """Undo the splitting of batches_of: the samples of each request, in seed order."""
+    flat = [sample for part in parts for sample in part]
+    out, start = [], 0
+    for request in requests:
+        out.append(flat[start:start + request.n])
+        start += request.n
+    return out

@@ -1,0 +1,58 @@
+"""Sampler/trainer mismatch: truncated importance sampling and the metrics that watch it.
+
+The rollout engine samples with its own kernels (vLLM: other attention and matmul code, often
+bf16), so the probability it gave a token, pi_sampler(y), differs from the trainer's
+pi_old(y) for the same weights. The trainer's loss treats the batch as drawn from pi_old;
+truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+brings you off-policy RL training") reweights each token's loss by
+
+    w = min(pi_old(y) / pi_sampler(y), cap)        (no gradient through w)
+
+so the update estimates the on-policy gradient, with the cap bounding the variance.
+
+Metrics, on the response tokens (mask), with d = log pi_old(y) - log pi_sampler(y):
+  logp_abs_diff   mean |d|
+  kl_k1           mean -d            (unbiased estimate of KL(sampler || trainer))
+  kl_k3           mean e^d - 1 - d   (Schulman's k3: unbiased, never negative, lower variance)
+  tis_capped      share of tokens whose ratio e^d exceeds the cap
+"""
+
+from __future__ import annotations
+
+import torch
+
+IS_CORRECTIONS = ("none", "tis")
+
+
+def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Per-token min(exp(trainer_logp - sampler_logp), cap), detached."""
+    return (trainer_logp.detach() - sampler_logp.detach()).exp().clamp(max=cap)
+
+
+def is_correction_weights(mode: str, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor | None,
+                          cap: float) -> torch.Tensor | None:
+    """The factor the per-token loss is multiplied by (None: no correction). The hook the loss
+    calls: `loss_mat = loss_mat * w` where w is not None."""
+    if mode == "none" or sampler_logp is None:
+        return None
+    if mode == "tis":
+        return tis_weights(trainer_logp, sampler_logp, cap)
+    raise ValueError(f"unknown importance-sampling correction '{mode}'")
+
+
+def mismatch_metrics(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                     cap: float | None = None) -> dict[str, float]:
+    """The module docstring's metrics over tokens where mask is 1 (empty dict for no tokens)."""
+    mask = mask.float()
+    count = mask.sum()
+    if count == 0:
+        return {}
+    d = (trainer_logp - sampler_logp).float() * mask  # zero off the mask, so every term below is too
+
+    def mean(x):
+        return float((x * mask).sum() / count)
+
+    out = {"mismatch/logp_abs_diff": mean(d.abs()), "mismatch/kl_k1": mean(-d), "mismatch/kl_k3": mean(d.exp() - 1 - d)}
+    if cap is not None:
+        out["mismatch/tis_capped"] = mean((d.exp() > cap).float())
+    return out

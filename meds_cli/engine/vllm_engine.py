@@ -1,0 +1,228 @@
+"""The `vllm` rollout engine: vLLM colocated in each training process, as TRL's colocate mode.
+
+Each process holds its own vLLM instance on its GPU (a share of the memory,
+`rollout.vllm.gpu_memory_utilization`; tensor parallel over `tensor_parallel_size` processes of
+the node, which then pool their prompts). The engine follows the policy:
+  - after an optimizer step the trainer calls `policy_updated` (cheap); the next `generate`
+    first brings the engine up to date, once, however many steps were taken:
+      * LoRA (`sync: adapter`): the adapter is saved to the run's scratch folder and used as a
+        new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
+      * full weights, or LoRA with `sync: merged`: the weights (adapter folded in) are loaded into
+        the engine in place and its prefix cache is reset (cached keys of old weights are stale);
+  - while the trainer updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
+    weights to CPU, KV cache dropped; level 2: weights dropped too, only with a full-weight push,
+    which wakes the weights first, loads, then wakes the KV cache);
+  - prompts go in as token ids (TokensPrompt: no second BOS), one request per sample with its own
+    seed, and the same stop ids as the `hf` engine (EOS ignored, so that set is the only one);
+    the sampler's log-probs come back (`logprobs_mode=processed_logprobs`: after temperature
+    and top-p, the distribution actually sampled).
+
+vLLM's classes arrive through `api` (LLM, SamplingParams, LoRARequest, TokensPrompt), so tests
+drive this orchestration with a fake that records the calls; none of it has run on a GPU here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from meds_cli.core.errors import UserError
+from meds_cli.engine.config import VLLMConfig
+from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
+
+
+def vllm_api() -> SimpleNamespace:
+    """vLLM's classes, imported on first use (vllm is optional and needs a GPU)."""
+    # Colocated: the engine core runs in this process, so weights are handed over by reference.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams  # noqa: PLC0415 - optional dependency
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, TokensPrompt=TokensPrompt)
+
+
+def tensor_parallel_gather(size: int) -> Callable:
+    """For tensor parallelism across colocated processes: a function that pools one process's
+    items with those of the other processes of its group of `size` consecutive ranks, returning
+    (every process's items in rank order, this process's index)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if world % size:
+        raise UserError(f"rollout.vllm.tensor_parallel_size={size} must divide the {world} processes")
+    group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + size)) for i in range(0, world, size)])
+
+    def gather(mine: list) -> tuple[list[list], int]:
+        parts: list = [None] * size
+        dist.all_gather_object(parts, mine, group=group)
+        return parts, dist.get_rank(group)
+
+    return gather
+
+
+def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of the policy as plain transformers weights: each LoRA adapter folded
+    into its base weight, peft's wrapping removed from the names, sharded tensors gathered."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        LoraLayer = ()  # noqa: N806 - no peft, no adapters
+    adapted = {name: m for name, m in inner.named_modules() if LoraLayer and isinstance(m, LoraLayer)}
+    for name, param in inner.named_parameters():
+        if ".lora_" in name:
+            continue
+        tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: every process gets the whole weight
+            tensor = tensor.full_tensor()
+        if ".base_layer." in name:
+            module_name, leaf = name.split(".base_layer.")
+            layer = adapted[module_name]
+            name = f"{module_name}.{leaf}"
+            if leaf == "weight" and not layer.merged and not layer.disable_adapters:
+                tensor = tensor.clone()
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A:
+                        tensor += layer.get_delta_weight(adapter).to(tensor.dtype)
+        yield name, tensor
+
+
+def _load_into_worker(worker, weights):
+    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model."""
+    worker.model_runner.model.load_weights(weights=weights)
+
+
+class VLLMEngine:
+    """See the module docstring. `policy`: the training model (pushed after updates), or None for
+    a fixed model (eval); `adapter_path`: a fixed LoRA adapter to serve (eval of a checkpoint)."""
+
+    name = "vllm"
+
+    def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
+                 adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
+                 tp_gather: Callable | None = None, api: SimpleNamespace | None = None):
+        lora = lora_rank is not None
+        if options.sleep_level == 2 and lora and options.sync == "adapter" and policy is not None:
+            raise UserError("rollout.vllm.sleep_level=2 frees the base weights, which an adapter push does not "
+                            "restore; use sleep_level 1 or rollout.vllm.sync=merged")
+        if policy is not None and scratch_dir is None and lora and options.sync == "adapter":
+            raise ValueError("pushing a LoRA adapter needs a scratch folder")
+        self.api = api or vllm_api()
+        self.options, self.policy, self.scratch_dir = options, policy, scratch_dir
+        self.push_adapter = lora and options.sync == "adapter" and policy is not None
+        self.tp_gather = tp_gather
+        kwargs = dict(model=source, tokenizer=source, dtype=options.dtype, seed=seed,
+                      gpu_memory_utilization=options.gpu_memory_utilization,
+                      tensor_parallel_size=options.tensor_parallel_size,
+                      enable_sleep_mode=options.sleep_level > 0, logprobs_mode="processed_logprobs")
+        if options.max_model_len:
+            kwargs["max_model_len"] = options.max_model_len
+        if processes > 1:  # colocated in every training process: vLLM joins the launcher's process group
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        if self.push_adapter or adapter_path is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank or 1), max_loras=1)
+        self.llm = self.api.LLM(**kwargs)
+        self.lora_request = (self.api.LoRARequest("checkpoint", 1, str(Path(adapter_path).resolve()))
+                             if adapter_path is not None else None)
+        self.policy_version = 0  # optimizer steps seen
+        self.engine_version = -1 if policy is not None else 0  # -1: push before the first generate (a resumed policy)
+        self.adapters_pushed = 0
+        self.asleep = False
+        self.weights_dropped = False  # level-2 sleep: the engine holds no weights until the next push
+
+    # ---------------------------------------------------------------- the trainer's calls
+
+    def policy_updated(self) -> None:
+        self.policy_version += 1
+
+    def release(self) -> None:
+        if self.options.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.options.sleep_level)
+            self.asleep = True
+            self.weights_dropped = self.options.sleep_level == 2
+
+    def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
+        self._bring_up_to_date()
+        mine = [(r.prompt_ids, seed) for r in requests for seed in r.seeds]
+        everyone, index = self._share_with_tp_group(mine)
+        flat = self._generate_flat([item for part in everyone for item in part], settings)
+        start = sum(len(part) for part in everyone[:index])
+        flat = flat[start:start + len(mine)]
+        out, at = [], 0
+        for request in requests:
+            out.append(flat[at:at + request.n])
+            at += request.n
+        return out
+
+    # ---------------------------------------------------------------- internals
+
+    def _bring_up_to_date(self) -> None:
+        stale = self.policy is not None and (self.engine_version != self.policy_version or self.weights_dropped)
+        if not self.asleep:
+            if stale:
+                self._push()
+            return
+        if stale and not self.push_adapter and self.weights_dropped:
+            # Level 2: wake the weights alone, load them, then wake the KV cache (a lower peak).
+            self.llm.wake_up(tags=["weights"])
+            self._push()
+            self.llm.wake_up(tags=["kv_cache"])
+        else:
+            self.llm.wake_up()
+            if stale:
+                self._push()
+        self.asleep = self.weights_dropped = False
+
+    def _push(self) -> None:
+        if self.push_adapter:
+            self.adapters_pushed += 1
+            number = self.adapters_pushed
+            folder = Path(self.scratch_dir) / f"adapter-{number}"
+            self.policy.save_pretrained(str(folder))
+            self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
+            stale_folder = Path(self.scratch_dir) / f"adapter-{number - 1}"
+            if stale_folder.is_dir():  # vLLM read it when it served that id; it is never asked for again
+                shutil.rmtree(stale_folder, ignore_errors=True)
+        else:
+            self._load_weights(list(merged_weights(self.policy)))
+            self.llm.reset_prefix_cache()
+        self.engine_version = self.policy_version
+
+    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        rpc = getattr(self.llm, "collective_rpc", None)
+        if rpc is not None:
+            rpc(_load_into_worker, args=(weights,))
+        else:  # vLLM before collective_rpc
+            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights=weights)
+
+    def _share_with_tp_group(self, mine: list) -> tuple[list[list], int]:
+        """With tensor parallelism every process of a group must submit the same prompts: pool
+        them (in rank order) and return (all parts, this process's index among them)."""
+        if self.options.tensor_parallel_size == 1 or self.tp_gather is None:
+            return [mine], 0
+        return self.tp_gather(mine)
+
+    def _generate_flat(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
+        api = self.api
+        prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in items]
+        params = [api.SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,
+                                     max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
+                                     stop_token_ids=list(settings.stop_ids), ignore_eos=True, seed=int(seed),
+                                     logprobs=0, detokenize=False)
+                  for _, seed in items]
+        outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
+        samples = []
+        for output in outputs:
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = None
+            if completion.logprobs is not None:
+                logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)]
+            samples.append(Sample(tokens, completion.finish_reason == "stop", logprobs))
+        return samples

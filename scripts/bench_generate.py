@@ -1,0 +1,154 @@
+"""Tokens per second of the rollout sampler at 8, 32 and 64 sequences, against the limit of
+this machine computed in the same run.
+
+The limit is a roofline: every decode step must read the weights (and the KV cache) once and do
+2 x parameters x rows multiply-adds, so a step takes at least max(bytes / bandwidth, flops /
+matmul throughput); the prefill adds its flops. Bandwidth and matmul throughput come from two
+probes run here first (a large tensor sum, a large fp32 matmul) with the same thread count.
+
+Two samplers run interleaved, round after round, so a busy machine slows both alike:
+  - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
+    rollouts were drawn before the `hf` engine);
+  - `engine`: the `hf` rollout engine (meds_cli/engine/hf_sampler.py).
+Response lengths are forced (min_new_tokens = max_new_tokens) so both do the same work.
+
+    python scripts/bench_generate.py [--sizes 8,32,64] [--new-tokens 48] [--rounds 3] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+
+def probe_bandwidth(clock, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second read by a sum over a tensor far larger than the caches (best of repeats)."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    x.sum()
+    best = min(_timed(clock, lambda: x.sum()) for _ in range(repeats))
+    return x.numel() * 4 / best
+
+
+def probe_matmul(clock, size: int = 1024, repeats: int = 5) -> float:
+    """fp32 multiply-add throughput (flop/s) of a large square matmul (best of repeats)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = min(_timed(clock, lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(clock, fn) -> float:
+    t0 = clock()
+    fn()
+    return clock() - t0
+
+
+def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens: int, bandwidth: float,
+                     flops: float) -> float:
+    """Least time to prefill `groups` prompts once and decode `new_tokens` tokens for `rows` rows."""
+    cfg = model.config
+    linear = sum(m.weight.numel() for name, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and "lora_" not in name)  # merged: adapters cost nothing
+    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    q_width = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    total = 2 * groups * prompt_len * linear / flops
+    for t in range(new_tokens):
+        context = prompt_len + t
+        kv_bytes = 2 * layers * rows * kv_width * context * 4
+        step_flops = 2 * rows * linear + 4 * rows * layers * q_width * context
+        total += max((linear * 4 + kv_bytes) / bandwidth, step_flops / flops)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--sizes", default="8,32,64", help="sequences per batch (8 samples per prompt)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as configured for this process)")
+    parser.add_argument("--lora-rank", type=int, default=16, help="0: no adapter")
+    parser.add_argument("--samplers", default="generate,engine")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with this process's CPU time instead of wall time: steadier on a busy machine "
+                             "(use with --threads 1, where CPU seconds are core seconds)")
+    args = parser.parse_args()
+
+    from benchmarks.tasks import build_task
+    from meds_cli.engine.config import LoraConfig, TaskConfig
+    from meds_cli.engine.hf_sampler import HFEngine
+    from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
+    from meds_cli.core.cpu_budget import configure_torch_threads
+    from meds_cli.engine.model import apply_lora, load_model_and_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    else:
+        configure_torch_threads()
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    if args.lora_rank:
+        model = apply_lora(model, LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank))
+        torch.manual_seed(0)
+        for name, p in model.named_parameters():  # a trained-looking adapter, not the zero init
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.01)
+    model.eval()
+    task = build_task(TaskConfig(name="arithmetic", prompt_style="chat"), 0)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    samplers = args.samplers.split(",")
+    G, N = args.group_size, args.new_tokens
+
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    bandwidth, flops = probe_bandwidth(clock), probe_matmul(clock)
+    print(f"model {args.model}, LoRA rank {args.lora_rank or 'none'}, {torch.get_num_threads()} threads, "
+          f"{N} new tokens, {'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
+
+    def run(sampler: str, size: int) -> float:
+        groups = max(1, size // G)
+        problems = task.train[:groups]
+        prompts = [task.prompt(p, tokenizer) for p in problems]
+        if sampler == "generate":
+            texts = [p for p in prompts for _ in range(G)][:size]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            torch.manual_seed(0)
+            t0 = clock()
+            with torch.no_grad():
+                model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=N,
+                               min_new_tokens=N, eos_token_id=list(stop_token_ids(tokenizer)),
+                               pad_token_id=tokenizer.pad_token_id)
+            return clock() - t0
+        requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]),
+                                  tuple(range(i * G, i * G + min(G, size))))
+                    for i, p in enumerate(prompts)]
+        settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
+        engine = HFEngine(model, tokenizer.pad_token_id, batch_size=size)
+        t0 = clock()
+        engine.generate(requests, settings)
+        return clock() - t0
+
+    times = {(s, n): [] for s in samplers for n in sizes}
+    for _ in range(args.rounds):
+        for size in sizes:
+            for sampler in samplers:
+                times[(sampler, size)].append(run(sampler, size))
+
+    prompt_len = len(tokenizer(task.prompt(task.train[0], tokenizer), add_special_tokens=False)["input_ids"])
+    print(f"\n{'sequences':>9} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} {'of limit':>9}")
+    for size in sizes:
+        limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
+        for sampler in samplers:
+            median = statistics.median(times[(sampler, size)])
+            rate = size * N / median
+            print(f"{size:>9} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} {rate / limit:>9.0%}")
+    print(f"(median of {args.rounds} interleaved rounds; load average now {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Seconds per step of `meds train --algo grpo` against TRL's GRPOTrainer on the same work.
+
+Same model (the embedded SmolLM2-135M, fp32), LoRA rank 16 (alpha 32) on all linear layers, no
+KL term, one optimizer step per generation, micro-batches of 8 sequences, no gradient
+checkpointing (TRL's default turns it on), and response lengths forced on both sides
+(min_new_tokens = max_new_tokens) so both decode exactly as many tokens.
+Shapes: prompts x responses x new tokens, by default 2 x 4 x 32 and the demo's 4 x 8 x 48.
+
+Every process gets OMP_WAIT_POLICY=PASSIVE (meds's default; see meds_cli/core/cpu_budget.py)
+unless the caller set a policy. Each round starts one fresh process per system and shape and times its steps (the first step
+of a process, with its lazy initialisation, is left out); systems alternate within a round, so
+a busy machine slows them alike. Printed: the median wall and CPU seconds per step of each
+system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
+checkout (for before/after figures in one run).
+
+Needs TRL: pip install -e '.[bench]'   (or pip install trl; it leaves torch alone)
+
+    python scripts/bench_vs_trl.py [--rounds 3] [--steps 3] [--shapes 2x4x32,4x8x48] [--baseline-tree ../main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MICRO_BATCH = 8
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    prompts, group, tokens = (int(x) for x in text.lower().split("x"))
+    return prompts, group, tokens
+
+
+# ---------------------------------------------------------------- workers (one process each)
+
+
+def meds_prompts(prompts: int):
+    """The first `prompts` arithmetic problems as meds renders them (chat template), and the tokenizer."""
+    from benchmarks.tasks import build_task
+
+    try:
+        from meds_cli.engine.config import TaskConfig
+        from meds_cli.engine.model import load_model_and_tokenizer
+    except ImportError:  # the layout before meds_cli/engine
+        from meds_cli.config import TaskConfig
+        from meds_cli.model import load_model_and_tokenizer
+    model, tokenizer = load_model_and_tokenizer("smollm2-135m")
+    task = build_task(TaskConfig(name="arithmetic", prompt_style="chat"), 0)
+    return [task.prompt(task.train[i], tokenizer) for i in range(prompts)], model, tokenizer
+
+
+def run_trl(shape, steps: int) -> list[tuple[float, float]]:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts, group, tokens = shape
+    texts, model, tokenizer = meds_prompts(prompts)
+    batch = prompts * group
+    dataset = Dataset.from_dict({"prompt": texts * (steps + 1)})
+    times: list[tuple[float, float]] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = (time.perf_counter(), time.process_time())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append((time.perf_counter() - self.start[0], time.process_time() - self.start[1]))
+
+    def reward(completions, **kwargs):  # cheap and spread within a group, so advantages are not zero
+        return [float(sum(map(ord, c)) % 3) for c in completions]
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=False, fp16=False, seed=0,
+        per_device_train_batch_size=min(MICRO_BATCH, batch), gradient_accumulation_steps=max(1, batch // MICRO_BATCH),
+        num_generations=group, max_completion_length=tokens, temperature=1.0, top_p=1.0,
+        generation_kwargs={"min_new_tokens": tokens}, beta=0.0, num_iterations=1, learning_rate=1e-5,
+        max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0,
+        shuffle_dataset=False, log_completions=False, disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL turns it on by default; meds does not recompute activations
+    )
+    peft_config = LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, peft_config=peft_config, callbacks=[StepTimer()])
+    trainer.train()
+    return times
+
+
+def run_meds(shape, steps: int) -> list[tuple[float, float]]:
+    try:
+        from meds_cli.engine.config import RolloutConfig, load_config
+        from meds_cli.engine.trainer import Trainer
+    except ImportError:  # the layout before meds_cli/engine
+        from meds_cli.config import RolloutConfig, load_config
+        from meds_cli.trainer import Trainer
+    import dataclasses
+
+    prompts, group, tokens = shape
+    overrides = [
+        "algo.name=grpo", "model.name=smollm2-135m", "task.name=arithmetic", "task.prompt_style=chat",
+        f"rollout.prompts_per_step={prompts}", f"rollout.group_size={group}", f"rollout.max_new_tokens={tokens}",
+        "rollout.temperature=1.0", "rollout.top_p=1.0", "grpo.kl_coef=0", "model.lora.rank=16", "model.lora.alpha=32",
+        f"train.micro_batch_size={MICRO_BATCH}", f"train.steps={steps}", "train.checkpoint_every=0",
+        "optim.lr=1e-5", "optim.warmup_steps=0",
+    ]
+    if "min_new_tokens" in {f.name for f in dataclasses.fields(RolloutConfig)}:
+        overrides.append(f"rollout.min_new_tokens={tokens}")
+    else:  # an older tree: no stop ids at all makes every response run to the limit
+        _drop_stop_ids()
+    cfg = load_config(overrides=overrides)
+    trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="bench-meds-")))
+    times = []
+    for _ in range(steps):
+        start = (time.perf_counter(), time.process_time())
+        trainer.train_step()
+        times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
+    return times
+
+
+def _drop_stop_ids():
+    for name in ("meds_cli.engine.rollout", "meds_cli.rollout"):
+        try:
+            module = __import__(name, fromlist=["_eos_ids"])
+        except ImportError:
+            continue
+        if hasattr(module, "_eos_ids"):
+            module._eos_ids = lambda tokenizer: []
+            return
+    raise SystemExit("cannot force response lengths in this tree")
+
+
+# ---------------------------------------------------------------- the parent
+
+
+def one_run(system: str, shape: str, steps: int, tree: Path, threads: int) -> list[tuple[float, float]]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    # Every system waits the way meds does by default (spinning threads on a shared machine would
+    # slow whichever side loaded torch before meds_cli could ask for passive waiting).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--shape", shape, "--steps", str(steps)]
+    result = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("STEP-TIMES ")]
+    if result.returncode or not lines:
+        raise SystemExit(f"{system} {shape} failed:\n{result.stderr[-3000:]}")
+    return [tuple(t) for t in json.loads(lines[-1][len("STEP-TIMES "):])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="steps per process (the first is left out)")
+    parser.add_argument("--shapes", default="2x4x32,4x8x48", help="prompts x responses x new tokens, comma-separated")
+    parser.add_argument("--baseline-tree", type=Path, help="another meds checkout, timed as 'meds-baseline'")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads in every process (0: each decides); 1 gives steadier CPU times when busy")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        run = run_trl if args.worker == "trl" else run_meds
+        print("STEP-TIMES " + json.dumps(run(parse_shape(args.shape), args.steps)), flush=True)
+        return
+
+    systems = {"trl": ROOT, "meds": ROOT}
+    if args.baseline_tree:
+        systems["meds-baseline"] = args.baseline_tree.resolve()
+    shapes = args.shapes.split(",")
+    per_step = {(s, shape): [] for s in systems for shape in shapes}
+    for round_ in range(args.rounds):
+        for shape in shapes:
+            for system, tree in systems.items():
+                worker = "trl" if system == "trl" else "meds"
+                times = one_run(worker, shape, args.steps, tree, args.threads)[1:]
+                per_step[(system, shape)].extend(times)
+                print(f"round {round_ + 1} {shape:>8} {system:>13}: " +
+                      ", ".join(f"{w:.1f} s ({c:.1f} CPU)" for w, c in times), flush=True)
+
+    print(f"\nmedian seconds per step ({args.rounds} rounds x {args.steps - 1} timed steps; "
+          f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    print(f"{'shape':>8} {'system':>13} {'wall s':>8} {'CPU s':>8} {'wall / TRL':>11} {'CPU / TRL':>10}")
+    for shape in shapes:
+        trl_wall = statistics.median(w for w, _ in per_step[("trl", shape)])
+        trl_cpu = statistics.median(c for _, c in per_step[("trl", shape)])
+        for system in systems:
+            wall = statistics.median(w for w, _ in per_step[(system, shape)])
+            cpu = statistics.median(c for _, c in per_step[(system, shape)])
+            print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The `hf` rollout engine: token choice by hand, the decode loop against HF generate, the
+merged adapter restored exactly, seeds that belong to samples."""
+
+import math
+
+import pytest
+import torch
+
+from meds_cli.engine.config import LoraConfig
+from meds_cli.engine.hf_sampler import HFEngine, _nucleus, batches_of, choose_tokens, merged_lora, row_uniforms
+from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
+from meds_cli.engine.model import apply_lora
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
+
+PROBS = [0.1, 0.2, 0.3, 0.4]
+
+
+def _logits(rows: int) -> torch.Tensor:
+    return torch.tensor(PROBS).log().repeat(rows, 1)
+
+
+def test_inverse_cdf_picks_the_interval_the_uniform_falls_in():
+    # cdf [0.1, 0.3, 0.6, 1.0]: u in [0, 0.1) -> 0, [0.1, 0.3) -> 1, [0.3, 0.6) -> 2, [0.6, 1) -> 3
+    u = torch.tensor([0.0, 0.05, 0.1, 0.29, 0.31, 0.59, 0.61, 0.999])
+    tokens, logp = choose_tokens(_logits(8), u, temperature=1.0, top_p=1.0)
+    assert tokens.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert logp.tolist() == pytest.approx([math.log(PROBS[t]) for t in tokens.tolist()], abs=1e-6)
+
+
+def test_top_p_keeps_the_nucleus_and_renormalises():
+    # sorted [0.4, 0.3, 0.2, 0.1]; mass before each [0, 0.4, 0.7, 0.9]; top_p 0.5 keeps 0.4 and 0.3,
+    # renormalised to 4/7 and 3/7: u < 4/7 -> token 3, else token 2
+    u = torch.tensor([0.0, 0.55, 0.58, 0.99])
+    tokens, logp = choose_tokens(_logits(4), u, temperature=1.0, top_p=0.5)
+    assert tokens.tolist() == [3, 3, 2, 2]
+    assert logp.tolist() == pytest.approx([math.log(4 / 7)] * 2 + [math.log(3 / 7)] * 2, abs=1e-6)
+
+
+def test_temperature_flattens_and_greedy_takes_the_argmax():
+    # T = 2: p_i proportional to sqrt(p_i)
+    roots = [math.sqrt(p) for p in PROBS]
+    z = sum(roots)
+    u = torch.tensor([roots[0] / z - 1e-4, roots[0] / z + 1e-4])
+    tokens, logp = choose_tokens(_logits(2), u, temperature=2.0, top_p=1.0)
+    assert tokens.tolist() == [0, 1]
+    assert logp.tolist() == pytest.approx([math.log(roots[0] / z), math.log(roots[1] / z)], abs=1e-6)
+    tokens, logp = choose_tokens(_logits(1), torch.tensor([0.0]), temperature=0.0, top_p=1.0)
+    assert tokens.tolist() == [3] and logp.item() == pytest.approx(math.log(0.4), abs=1e-6)
+
+
+def test_nucleus_falls_back_to_a_full_sort_when_the_first_look_is_short():
+    weights = torch.tensor([[1.0, 2.0, 3.0, 4.0, 0.5]])  # total 10.5; top_p 0.8 needs 4, 3, 2 (9 >= 8.4)
+    short, order = _nucleus(weights, 0.8, first_look=2)
+    full, full_order = _nucleus(weights, 0.8, first_look=5)
+    assert torch.equal(short, full) and torch.equal(order, full_order)
+    assert short.tolist() == [[4.0, 3.0, 2.0, 0.0, 0.0]]
+
+
+def test_row_uniforms_depend_on_the_seed_only():
+    a = row_uniforms([7, 8, 9], 5)
+    b = row_uniforms([9, 7], 5)
+    assert torch.equal(a[2], b[0]) and torch.equal(a[0], b[1]) and not torch.equal(a[0], a[1])
+
+
+def test_batches_split_requests_by_rows_and_keep_seed_order():
+    requests = [SampleRequest((1,), (10, 11, 12)), SampleRequest((2,), (20,)), SampleRequest((3,), (30, 31))]
+    batches = batches_of(requests, rows=2)
+    assert [[(r.prompt_ids, r.seeds) for r in b] for b in batches] == [
+        [((1,), (10, 11))], [((1,), (12,)), ((2,), (20,))], [((3,), (30, 31))]]
+
+
+def _policy():
+    model, tokenizer = tiny_model_and_tokenizer()
+    model = apply_lora(model, LoraConfig(rank=8))
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # an adapter that changes the outputs (peft starts it at zero)
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    return model.eval(), tokenizer
+
+
+PROMPTS = ["12+3=", "7*8=(", "hello", "9"]
+
+
+def _ids(tokenizer, text):
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_greedy_decode_equals_hf_generate_including_early_stops():
+    model, tokenizer = _policy()
+    stops = stop_token_ids(tokenizer)
+    # A stop set with a token the model emits early on some prompts, so rows leave the batch.
+    probe = HFEngine(model, tokenizer.pad_token_id, 8).generate(
+        [SampleRequest(_ids(tokenizer, p), (0,)) for p in PROMPTS], SamplingSettings(0.0, 1.0, 10, ()))
+    greedy = [group[0].token_ids for group in probe]
+    runs_to_limit = lambda token: [g for g in greedy if token not in g and not set(g) & set(stops)]  # noqa: E731
+    early = next(t for t in greedy[0][:4] if runs_to_limit(t))  # ends prompt 0 early, some other prompt not
+    stops = tuple(sorted({*stops, early}))
+    out = HFEngine(model, tokenizer.pad_token_id, 8).generate(
+        [SampleRequest(_ids(tokenizer, p), (0, 1)) for p in PROMPTS], SamplingSettings(0.0, 1.0, 10, stops))
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        reference = model.generate(**enc, do_sample=False, max_new_tokens=10, eos_token_id=list(stops),
+                                   pad_token_id=tokenizer.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    lengths = set()
+    for i, samples in enumerate(out):
+        expected = reference[i].tolist()
+        for sample in samples:
+            n = len(sample.token_ids)
+            lengths.add(n)
+            assert sample.token_ids == expected[:n]
+            assert sample.stopped == (sample.token_ids[-1] in stops)
+            assert n == 10 or sample.stopped
+            assert len(sample.logprobs) == n
+    assert min(lengths) <= 3 and max(lengths) == 10  # some rows ended early, others ran to the limit
+
+
+def test_merged_sampling_restores_the_weights_exactly_and_matches_the_adapter():
+    model, tokenizer = _policy()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    storage = {n: p.data_ptr() for n, p in model.named_parameters()}
+    requests = [SampleRequest(_ids(tokenizer, p), (4, 5)) for p in PROMPTS]
+    settings = SamplingSettings(1.0, 1.0, 8, stop_token_ids(tokenizer))
+    merged = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
+    unmerged = HFEngine(model, tokenizer.pad_token_id, 8, merge_lora=False).generate(requests, settings)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) and p.data_ptr() == storage[name]  # the same memory, unchanged
+    for a, b in zip(merged, unmerged):
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    with merged_lora(model):
+        changed = [n for n, p in model.named_parameters() if "base_layer" in n and not torch.equal(p, before[n])]
+    assert changed  # while merged, the base weights did carry the adapter
+
+
+def test_a_sample_depends_on_its_seed_not_on_its_batch():
+    model, tokenizer = _policy()
+    settings = SamplingSettings(1.0, 0.9, 8, stop_token_ids(tokenizer))
+    together = HFEngine(model, tokenizer.pad_token_id, 16).generate(
+        [SampleRequest(_ids(tokenizer, p), (10 * i, 10 * i + 1, 10 * i + 2)) for i, p in enumerate(PROMPTS)], settings)
+    alone = HFEngine(model, tokenizer.pad_token_id, 1).generate([SampleRequest(_ids(tokenizer, PROMPTS[2]), (21,))],
+                                                                settings)
+    assert together[2][1].token_ids == alone[0][0].token_ids
+    assert together[2][1].logprobs == pytest.approx(alone[0][0].logprobs, abs=1e-5)
+    assert together[2][0].token_ids != together[2][1].token_ids or together[2][0].logprobs != together[2][1].logprobs
+
+
+def test_sampler_logprobs_are_the_models_own():
+    model, tokenizer = _policy()
+    prompt = _ids(tokenizer, PROMPTS[0])
+    sample = HFEngine(model, tokenizer.pad_token_id, 4).generate(
+        [SampleRequest(prompt, (3,))], SamplingSettings(1.0, 1.0, 6, ()))[0][0]
+    ids = torch.tensor([list(prompt) + sample.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+    assert sample.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_min_new_tokens_holds_back_the_stop_ids():
+    model, tokenizer = _policy()
+    prompt = _ids(tokenizer, PROMPTS[1])
+    first = HFEngine(model, tokenizer.pad_token_id, 1).generate(
+        [SampleRequest(prompt, (0,))], SamplingSettings(0.0, 1.0, 6, ()))[0][0].token_ids[0]
+    stops = (first,)  # greedy would stop at once
+    assert HFEngine(model, tokenizer.pad_token_id, 1).generate(
+        [SampleRequest(prompt, (0,))], SamplingSettings(0.0, 1.0, 6, stops))[0][0].token_ids == [first]
+    held = HFEngine(model, tokenizer.pad_token_id, 1).generate(
+        [SampleRequest(prompt, (0,))], SamplingSettings(0.0, 1.0, 6, stops, min_new_tokens=4))[0][0]
+    assert len(held.token_ids) >= 4 and first not in held.token_ids[:4]

@@ -1,0 +1,323 @@
+"""The `vllm` engine's orchestration against a fake with vLLM's call surface (LLM,
+SamplingParams, LoRARequest, TokensPrompt): what is passed, when the policy is pushed, which
+adapter id is served, sleep/wake order. vLLM itself cannot run here."""
+
+import copy
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from meds_cli.engine.config import LoraConfig, VLLMConfig, load_config
+from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, resolve_engine, supported_lora_rank
+from meds_cli.engine.vllm_engine import VLLMEngine, merged_weights
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model import apply_lora
+from meds_cli.engine.tiny import tiny_model_and_tokenizer
+
+STOP = 99
+
+
+@dataclass
+class FakeSamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: list = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+    detokenize: bool = True
+
+
+@dataclass
+class FakeLoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+def FakeTokensPrompt(prompt_token_ids):  # noqa: N802 - vLLM's TypedDict is called like a class
+    return {"prompt_token_ids": prompt_token_ids}
+
+
+class FakeLLM:
+    """Records every call in `events`; generates [seed % 50, seed % 7, STOP] for each request
+    (or max_tokens tokens when that is shorter), with log-probs -0.1 * position."""
+
+    def __init__(self, events, with_rpc=True, **kwargs):
+        self.events, self.kwargs = events, kwargs
+        self.loaded = []
+        events.append(("init", kwargs))
+        worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(load_weights=self._load)))
+        self.worker = worker
+        if not with_rpc:
+            self.collective_rpc = None
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+
+    def _load(self, weights):
+        self.loaded.append(dict(weights))
+        self.events.append(("load_weights", len(weights)))
+
+    def collective_rpc(self, method, args=()):
+        self.events.append(("collective_rpc",))
+        return [method(self.worker, *args)]
+
+    def sleep(self, level=1):
+        self.events.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.events.append(("wake_up", tuple(tags) if tags else None))
+
+    def reset_prefix_cache(self):
+        self.events.append(("reset_prefix_cache",))
+
+    def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+        self.events.append(("generate", prompts, params, lora_request))
+        outputs = []
+        for p in params:
+            tokens = [p.seed % 50, p.seed % 7, STOP][:p.max_tokens]
+            stopped = tokens[-1] in p.stop_token_ids
+            logprobs = [{t: SimpleNamespace(logprob=-0.1 * i)} for i, t in enumerate(tokens)]
+            completion = SimpleNamespace(token_ids=tokens, logprobs=logprobs, index=0,
+                                         finish_reason="stop" if stopped else "length")
+            outputs.append(SimpleNamespace(outputs=[completion]))
+        return outputs
+
+
+def fake_api(events, with_rpc=True):
+    return SimpleNamespace(LLM=lambda **kw: FakeLLM(events, with_rpc, **kw), SamplingParams=FakeSamplingParams,
+                           LoRARequest=FakeLoRARequest, TokensPrompt=FakeTokensPrompt)
+
+
+def _policy(lora=True):
+    model, _ = tiny_model_and_tokenizer()
+    if lora:
+        model = apply_lora(model, LoraConfig(rank=12))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+    return model
+
+
+def _engine(tmp_path, events, *, lora=True, options=None, **kwargs):
+    options = options or VLLMConfig()
+    policy = _policy(lora)
+    engine = VLLMEngine("/models/tiny", options=options, seed=5, policy=policy,
+                        lora_rank=12 if lora else None, scratch_dir=tmp_path, api=fake_api(events), **kwargs)
+    return engine, policy
+
+
+def _names(events):
+    return [e[0] for e in events]
+
+
+SETTINGS = SamplingSettings(temperature=0.8, top_p=0.95, max_new_tokens=8, stop_ids=(STOP, 2), min_new_tokens=1)
+
+
+def test_lora_rank_rounds_up_to_a_size_vllm_accepts():
+    assert [supported_lora_rank(r) for r in (1, 8, 12, 16, 17, 64, 200, 300, 512)] == [8, 8, 16, 16, 32, 64, 256, 320, 512]
+    with pytest.raises(UserError, match="larger than vLLM supports"):
+        supported_lora_rank(600)
+
+
+def test_engine_is_built_with_the_options_and_a_rounded_rank(tmp_path):
+    events = []
+    _engine(tmp_path, events, options=VLLMConfig(gpu_memory_utilization=0.4, tensor_parallel_size=1, max_model_len=512))
+    kwargs = events[0][1]
+    assert kwargs["max_lora_rank"] == 16 and kwargs["enable_lora"] and kwargs["max_loras"] == 1
+    assert kwargs["gpu_memory_utilization"] == 0.4 and kwargs["enable_sleep_mode"] and kwargs["max_model_len"] == 512
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["seed"] == 5 and kwargs["dtype"] == "bfloat16"
+    assert "distributed_executor_backend" not in kwargs
+
+
+def test_prompts_go_as_token_ids_one_request_per_sample_with_our_stop_ids(tmp_path):
+    events = []
+    engine, _ = _engine(tmp_path, events)
+    out = engine.generate([SampleRequest((1, 5, 7), (11, 12)), SampleRequest((4,), (13,))], SETTINGS)
+    _, prompts, params, lora = [e for e in events if e[0] == "generate"][0]
+    assert prompts == [{"prompt_token_ids": [1, 5, 7]}, {"prompt_token_ids": [1, 5, 7]}, {"prompt_token_ids": [4]}]
+    assert [p.seed for p in params] == [11, 12, 13]
+    for p in params:
+        assert (p.n, p.temperature, p.top_p, p.max_tokens, p.min_tokens) == (1, 0.8, 0.95, 8, 1)
+        assert p.stop_token_ids == [STOP, 2] and p.ignore_eos and p.logprobs == 0 and not p.detokenize
+    assert [[s.token_ids for s in r] for r in out] == [[[11, 4, STOP], [12, 5, STOP]], [[13, 6, STOP]]]
+    assert out[0][0].stopped and out[0][0].logprobs == pytest.approx([0.0, -0.1, -0.2])
+
+
+def test_a_response_cut_at_the_limit_is_not_stopped(tmp_path):
+    events = []
+    engine, _ = _engine(tmp_path, events)
+    sample = engine.generate([SampleRequest((1,), (20,))], SamplingSettings(1.0, 1.0, 2, (STOP,)))[0][0]
+    assert sample.token_ids == [20, 6] and not sample.stopped
+
+
+def test_adapter_is_pushed_once_per_policy_change_with_a_new_id(tmp_path):
+    events = []
+    engine, policy = _engine(tmp_path, events)
+    request = [SampleRequest((1,), (3,))]
+    engine.generate(request, SETTINGS)  # the first call serves the policy as it is (a resumed adapter)
+    engine.generate(request, SETTINGS)  # nothing changed: same adapter, no new folder
+    engine.policy_updated()
+    engine.policy_updated()  # two optimizer steps, one push
+    engine.generate(request, SETTINGS)
+    served = [e[3] for e in events if e[0] == "generate"]
+    assert [(r.lora_name, r.lora_int_id) for r in served] == [("policy-1", 1), ("policy-1", 1), ("policy-2", 2)]
+    assert served[2].lora_path == str((tmp_path / "adapter-2").resolve())
+    config = json.loads((tmp_path / "adapter-2" / "adapter_config.json").read_text())
+    assert config["r"] == 12
+    assert not (tmp_path / "adapter-1").exists()  # served already, never asked for again
+    assert "load_weights" not in _names(events)
+
+
+def test_sleep_during_the_update_and_wake_before_the_push(tmp_path):
+    events = []
+    engine, _ = _engine(tmp_path, events, lora=False)
+    request = [SampleRequest((1,), (3,))]
+    engine.generate(request, SETTINGS)
+    engine.release()
+    engine.release()  # already asleep: no second call
+    engine.policy_updated()
+    engine.generate(request, SETTINGS)
+    assert _names(events) == ["init", "collective_rpc", "load_weights", "reset_prefix_cache", "generate",
+                              "sleep", "wake_up", "collective_rpc", "load_weights", "reset_prefix_cache", "generate"]
+    assert ("sleep", 1) in events and ("wake_up", None) in events
+
+
+def test_no_sleep_mode_means_no_sleep(tmp_path):
+    events = []
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(sleep_level=0))
+    engine.release()
+    assert "sleep" not in _names(events) and not events[0][1]["enable_sleep_mode"]
+
+
+def test_level_two_sleep_wakes_weights_then_loads_then_wakes_the_kv_cache(tmp_path):
+    events = []
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(sleep_level=2, sync="merged"))
+    request = [SampleRequest((1,), (3,))]
+    engine.generate(request, SETTINGS)
+    del events[:]
+    engine.release()
+    engine.generate(request, SETTINGS)  # no optimizer step, but level 2 dropped the weights: push anyway
+    assert _names(events) == ["sleep", "wake_up", "collective_rpc", "load_weights", "reset_prefix_cache", "wake_up",
+                              "generate"]
+    assert events[1] == ("wake_up", ("weights",)) and events[5] == ("wake_up", ("kv_cache",))
+
+
+def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
+    with pytest.raises(UserError, match="sleep_level=2"):
+        _engine(tmp_path, [], options=VLLMConfig(sleep_level=2, sync="adapter"))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("rollout.vllm.gpu_memory_utilization=1.5", "must be in \\(0, 1\\], got 1.5"),
+    ("rollout.vllm.sync=copy", "accepted: adapter, merged"),
+    ("rollout.vllm.sleep_level=3", "must be 0, 1 or 2"),
+    ("rollout.vllm.tensor_parallel_size=0", "at least 1"),
+    ("rollout.engine=vvlm", "accepted: hf, vllm, auto"),
+    ("rollout.is_correction=ppo", "accepted: none, tis"),
+    ("rollout.tis_cap=0", "greater than 0"),
+    ("rollout.min_new_tokens=65", "must not exceed max_new_tokens=64"),
+])
+def test_bad_engine_settings_are_refused_when_the_config_loads(setting, message):
+    with pytest.raises(UserError, match=message):
+        load_config(overrides=[setting])
+
+
+def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
+    events = []
+    engine, policy = _engine(tmp_path, events, options=VLLMConfig(sync="merged"))
+    assert "enable_lora" not in events[0][1]
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    loaded = engine.llm.loaded[-1]
+    reference = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(loaded) == {n for n in reference if n != "lm_head.weight" or not policy.config.tie_word_embeddings}
+    for name, tensor in loaded.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6)
+    assert [e[3] for e in events if e[0] == "generate"] == [None]  # no adapter request when weights are merged
+
+
+def test_weights_load_without_collective_rpc_through_the_driver_worker(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(dtype="float16"), policy=_policy(lora=False),
+                        api=fake_api(events, with_rpc=False))
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert "collective_rpc" not in _names(events) and "load_weights" in _names(events)
+    assert "model.embed_tokens.weight" in engine.llm.loaded[-1]
+
+
+def test_a_fixed_checkpoint_adapter_is_served_and_never_pushed(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(), lora_rank=64, adapter_path=tmp_path,
+                        api=fake_api(events))
+    engine.policy_updated()
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert events[0][1]["max_lora_rank"] == 64
+    served = [e[3] for e in events if e[0] == "generate"][0]
+    assert (served.lora_int_id, served.lora_path) == (1, str(tmp_path.resolve()))
+    assert "load_weights" not in _names(events)
+
+
+def test_tensor_parallel_processes_pool_their_prompts_and_keep_their_own_share(tmp_path):
+    events = []
+    other = [((8, 8), 40)]
+
+    def gather(mine):  # this process is second in its group of two
+        return [other, mine], 1
+
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(tensor_parallel_size=2), processes=2, tp_gather=gather)
+    assert events[0][1]["distributed_executor_backend"] == "external_launcher"
+    out = engine.generate([SampleRequest((1,), (3, 4))], SETTINGS)
+    prompts = [e[1] for e in events if e[0] == "generate"][0]
+    assert [p["prompt_token_ids"] for p in prompts] == [[8, 8], [1], [1]]
+    assert [s.token_ids[0] for s in out[0]] == [3, 4]
+
+
+def test_merged_weights_of_a_plain_model_are_its_parameters():
+    model = _policy(lora=False)
+    weights = dict(merged_weights(model))
+    assert set(weights) == {n for n, _ in model.named_parameters()}
+    assert all(torch.equal(weights[n], p) for n, p in model.named_parameters())
+
+
+def test_engine_choice():
+    assert resolve_engine("hf") == "hf"
+    assert resolve_engine("auto") == "hf"  # no vllm and no GPU here
+    with pytest.raises(UserError, match="accepted: hf, vllm, auto"):
+        resolve_engine("vvlm")
+    with pytest.raises(UserError, match="rollout.engine=vllm needs"):
+        resolve_engine("vllm")
+
+
+def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_ids(tmp_path):
+    from benchmarks.generation import GenerationSettings, Request
+    from meds_cli.engine.eval_backends import ModelSpec, VLLMBackend, sample_seeds
+    from meds_cli.engine.tiny import tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    adapter = tmp_path / "run" / "checkpoints" / "step_3" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 24}))
+    save_file({"base_model.lora_A.weight": torch.zeros(24, 4)}, adapter / "adapter_model.safetensors")
+    events = []
+    backend = VLLMBackend(ModelSpec(str(model_dir), checkpoint=adapter.parent), GenerationSettings(0.6, 1.0, 5, 8),
+                          api=fake_api(events))
+    kwargs = events[0][1]
+    assert kwargs["max_lora_rank"] == 32 and kwargs["gpu_memory_utilization"] == 0.9 and not kwargs["enable_sleep_mode"]
+    out = backend.generate([Request("12+3=", 2, 7), Request("9", 1, 8)])
+    _, prompts, params, lora = [e for e in events if e[0] == "generate"][0]
+    assert prompts[0]["prompt_token_ids"] == tokenizer("12+3=", add_special_tokens=False)["input_ids"]
+    assert [p.seed for p in params] == [*sample_seeds(7, 2), *sample_seeds(8, 1)]
+    assert params[0].stop_token_ids == [tokenizer.eos_token_id] and params[0].max_tokens == 5
+    assert (lora.lora_int_id, lora.lora_path) == (1, str(adapter.resolve()))
+    assert [len(g.texts) for g in out] == [2, 1]
+    assert out[0].lengths == [3, 3] and out[0].truncated == [True, True]  # STOP is not one of this tokenizer's stops
