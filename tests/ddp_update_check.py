@@ -35,12 +35,15 @@ def main(out: Path, overrides: list[str]) -> None:
     share = torch.zeros(batch.num_groups, dtype=torch.bool)
     per_rank = batch.num_groups // trainer.world
     share[trainer.rank * per_rank:(trainer.rank + 1) * per_rank] = True
+    # Fixed advantages over the global batch: a random tiny model rarely answers right, and a
+    # batch without a reward spread would make no update to compare.
+    advantages = torch.linspace(-1.0, 1.0, batch.size)[share.repeat_interleave(4)]
     batch = batch.select_groups(share)
     score_rollouts(model, batch, 4, with_reference=False)
     batch.verdicts = trainer.task.grade(list(zip([p for p in batch.problems for _ in range(4)], batch.response_texts)))
     batch.reward_components = algo.reward_components(batch)
     batch.rewards = sum(batch.reward_components.values())
-    batch.advantages = algo.compute_advantages(batch)
+    batch.advantages = advantages
     stats = trainer.update(batch)
     weights = trainable_state(trainer.unwrapped, trainer.sharded, main=trainer.acc.is_main_process)  # every process
     if trainer.acc.is_main_process:

@@ -136,8 +136,11 @@ def test_two_variant_ablation_end_to_end(tmp_path):
         assert (folder / file).stat().st_size > 0, file
     summary = json.loads((folder / "summary.json").read_text())
     logits_run = summary["runs"]["features-logits"]
-    for curve in ("reward_curve", "distinct_wrong_curve", "clusters_curve", "eigen_ratio_curve"):
-        assert [step for step, _ in logits_run[curve]] == [1, 2], curve  # what diagnostics.png draws
+    # What diagnostics.png draws: the reward every step, MEDS's own metrics on the steps that logged them.
+    for curve in ("reward_curve", "distinct_wrong_curve"):
+        assert [step for step, _ in logits_run[curve]] == [1, 2], curve
+    for curve in ("clusters_curve", "eigen_ratio_curve"):
+        assert logits_run[curve] and {step for step, _ in logits_run[curve]} <= {1, 2}, curve
     assert [r["variant"] for r in summary["rows"]] == ["features-logits", "features-random"]
     row = summary["rows"][0]
     for key in ("pass@1", "pass@k", "final_reward", "distinct_wrong", "eigen_ratio", "ari", "time_per_step_s"):
