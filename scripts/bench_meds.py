@@ -96,7 +96,8 @@ def main() -> None:
     print(f"{'':22s}{'dapo':>10s}{'meds':>10s}{'ratio':>8s}")
     for key in ("cpu_step_s", "time_step_s", "time_generate_s", "time_score_s", "time_train_s"):
         d, m = mean("dapo", key), mean("meds", key)
-        print(f"{key:22s}{d:10.3f}{m:10.3f}{m / d:8.3f}")
+        ratio = f"{m / d:8.3f}" if d else f"{'-':>8s}"  # DAPO skips the scoring pass: no score time to divide by
+        print(f"{key:22s}{d:10.3f}{m:10.3f}{ratio}")
     print(f"MEDS hooks: {mean('meds', 'hooks_s') * 1000:.1f} ms/step wall, {mean('meds', 'cpu_hooks_s') * 1000:.1f} ms/step "
           f"CPU, of which features (observe_forward) {mean('meds', 'cpu_observe_s') * 1000:.1f} ms")
     print(f"MEDS hooks / DAPO step, CPU time: {mean('meds', 'cpu_hooks_s') / mean('dapo', 'cpu_step_s'):.2%}")
