@@ -175,27 +175,29 @@ def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     _pyplot().close(fig)
 
 
-def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
-    """Reward per step, mean over seeds with a band of one std."""
-    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    for group, (steps, mean, std) in curves_over_seeds(variants, results, "reward_curve").items():
+def _draw_step_curves(ax, variants, results: dict[str, dict], curve: str) -> None:
+    """The curve of every variant group on `ax`: mean over seeds, a band of one std; a group that
+    did not log it (the baseline's clusters) is left out."""
+    for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
+        if not steps:
+            continue
         ax.plot(steps, mean, marker="o", markersize=2, label=group)
         if std.any():
             ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+
+
+def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
+    """Reward per step, mean over seeds with a band of one std."""
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    _draw_step_curves(ax, variants, results, "reward_curve")
     _save(fig, ax, path, "step", "reward (unshaped, sampled batch)", "reward per step (mean over seeds, band: one std)")
 
 
 def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> None:
-    """One panel per STEP_CURVES entry: its value per step, mean over seeds with a band of one std
-    (variants that do not log a value, such as the baseline's clusters, are absent from its panel)."""
+    """One panel per STEP_CURVES entry: its value per step, mean over seeds with a band of one std."""
     fig, axes = _pyplot().subplots(2, 2, figsize=(11, 7.5))
     for ax, (curve, _, label) in zip(axes.flat, STEP_CURVES):
-        for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
-            if not steps:
-                continue
-            ax.plot(steps, mean, marker="o", markersize=2, label=group)
-            if std.any():
-                ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+        _draw_step_curves(ax, variants, results, curve)
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         if ax.get_legend_handles_labels()[0]:
