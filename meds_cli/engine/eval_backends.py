@@ -27,8 +27,8 @@ from benchmarks.generation import Backend, GenerationSettings, Generated, Reques
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import VLLMConfig
 from meds_cli.engine.hf_sampler import HFEngine
-from meds_cli.engine.rollout import decode_responses
-from meds_cli.engine.sampling_engine import (ENGINES, RolloutEngine, SampleRequest, SamplingSettings, cuda_available,
+from meds_cli.engine.rollout import decode_responses, sample_requests
+from meds_cli.engine.sampling_engine import (ENGINES, RolloutEngine, SamplingSettings, cuda_available,
                                              resolve_engine, stop_token_ids)
 from meds_cli.engine.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
 from meds_cli.engine.state_codec import read_tensors
@@ -133,9 +133,8 @@ def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request], set
     """The harness's requests through a rollout engine."""
     stops = stop_token_ids(tokenizer)
     sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops)
-    prompt_ids = tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"]
-    out = engine.generate([SampleRequest(tuple(ids), sample_seeds(r.seed, r.n)) for ids, r in zip(prompt_ids, requests)],
-                          sampling)
+    out = engine.generate(sample_requests(tokenizer, [r.prompt for r in requests],
+                                          [sample_seeds(r.seed, r.n) for r in requests]), sampling)
     return [Generated(decode_responses(tokenizer, samples, stops), [len(s.token_ids) for s in samples],
                       [not s.stopped for s in samples]) for samples in out]
 

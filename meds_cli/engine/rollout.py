@@ -52,10 +52,18 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
     token ids (the chat template already holds any BOS); each sample's seed is drawn from torch's
     RNG, which the trainer reseeds every step, so a resumed run samples the same responses."""
-    prompt_ids = [tuple(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
     seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
-    samples = engine.generate([SampleRequest(ids, tuple(s)) for ids, s in zip(prompt_ids, seeds)], settings)
-    return rollouts_from_samples(tokenizer, prompt_ids, samples, problems, group_size, settings.stop_ids)
+    requests = sample_requests(tokenizer, prompts, seeds)
+    samples = engine.generate(requests, settings)
+    return rollouts_from_samples(tokenizer, [r.prompt_ids for r in requests], samples, problems, group_size,
+                                 settings.stop_ids)
+
+
+def sample_requests(tokenizer, prompts: list[str], seeds) -> list[SampleRequest]:
+    """One engine request per prompt: its token ids as the template wrote them (no BOS added:
+    a chat template already holds it) and the seeds of its samples."""
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    return [SampleRequest(tuple(ids), tuple(s)) for ids, s in zip(prompt_ids, seeds)]
 
 
 def sample_responses(model, tokenizer, prompts: list[str], problems: list[Problem], group_size: int, *,
