@@ -2,7 +2,8 @@
 
 The trainer runs, for every step:
   sample -> observe_forward (sampling forward pass) -> reward_components -> keep_groups
-  (repeat sampling up to generation_rounds) -> shape_rewards -> compute_advantages
+  (repeat sampling up to generation_rounds) -> observe_probe (values recorded while sampling,
+  where the engine records them) -> shape_rewards -> compute_advantages
   -> token_loss + aggregation (every mini-batch, every PPO epoch) -> on_step_end
 and never asks which algorithm it runs. An algorithm is a class registered in ALGORITHMS with
 its own config dataclass (its YAML section). Shaping methods (MEDS, EDAS) wrap a base
@@ -27,7 +28,7 @@ from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than
 from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
-from meds_cli.core.forward import ForwardView
+from meds_cli.core.forward import ForwardView, LensProbe
 from meds_cli.core.rollouts import Rollouts
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -120,6 +121,18 @@ class Algorithm:
 
     def observe_forward(self, rollouts: Rollouts, view: ForwardView) -> None:
         """See the logits (and hidden states if asked) of the no-grad sampling forward pass."""
+
+    def sampler_probe(self, num_layers: int) -> LensProbe | None:
+        """Logit-lens values the rollout engine can record while it samples, in place of what this
+        algorithm would read from the scoring pass; None: it reads the scoring pass. Asked once,
+        and only when the engine records them (`num_layers`: the model's decoder layers). An
+        algorithm that returns a probe gets the values in observe_probe, and its
+        forward_view_needed_by / wants_hidden_states must no longer count on the scoring pass."""
+        return None
+
+    def observe_probe(self, rollouts: Rollouts, tokenizer) -> None:
+        """See the values the engine recorded (rollouts.sampler_lens) for the groups that train,
+        before shape_rewards."""
 
     @property
     def uses_reference(self) -> bool:

@@ -2,9 +2,11 @@
 
 A shaping method on a base algorithm (DAPO by default, as the paper compares against DAPO; GRPO
 with `--base grpo`). Departures from the base, each in this file's hooks:
-- observe_forward: logic features of every response from the sampling forward pass that already
-  computes the old log-probs (no extra model call): the logit lens at the first token of the
-  final answer, one scalar per chosen layer (algorithms/meds_features.py);
+- observe_probe / observe_forward: logic features of every response, the logit lens at the
+  first token of the final answer, one scalar per chosen layer (algorithms/meds_features.py).
+  With the `hf` rollout engine they come from the forwards that sampled the responses
+  (sampler_probe: the engine records each token's lens values), so MEDS adds no forward pass to
+  its base; with vLLM (no hidden states) from the trainer's scoring pass;
 - shape_rewards: per prompt, HDBSCAN over the prompt's memory plus the current responses; a wrong
   response in a cluster of |C| members loses min(alpha * log(|C| + 1), beta) (algorithms/meds_memory.py);
 - on_step_end: the trained responses join their prompt's memory (bounded, oldest dropped);
@@ -31,12 +33,13 @@ import torch
 from algorithms.base import OnBase, register
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
 from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
-from algorithms.meds_features import check_layer_spec
+from algorithms.meds_features import check_layer_spec, resolve_layers
 from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
 from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc, require
+from meds_cli.core.forward import LensProbe
 from meds_cli.core.rollouts import Rollouts
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
@@ -123,20 +126,45 @@ class MEDS(OnBase):
         self.workers = resolve_workers(config.cluster_workers)
         self._step: StepState | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
+        self._from_sampler = False  # features from the engine's recorded lens values (sampler_probe)
         self._metrics: dict[str, float] = {}
 
     @property
     def wants_hidden_states(self) -> bool:
-        return self.features.needs_hidden_states
+        return self.features.needs_hidden_states and not self._from_sampler
+
+    def forward_view_needed_by(self):
+        if self._from_sampler:  # the features come with the samples: only the base may need the pass
+            return self.base.forward_view_needed_by()
+        return super().forward_view_needed_by()
 
     # ------------------------------------------------------------ features
 
+    def sampler_probe(self, num_layers):
+        if not self.features.reads_lens:
+            return None
+        self._layers = resolve_layers(self.config.layers, num_layers)
+        self._from_sampler = True
+        return LensProbe(tuple(self._layers), self.config.final_norm)
+
+    def observe_probe(self, rollouts, tokenizer):
+        self.base.observe_probe(rollouts, tokenizer)
+        if self._from_sampler:
+            if rollouts.sampler_lens is None:
+                raise RuntimeError("MEDS asked the rollout engine for logit-lens values and got none")
+            self._store(rollouts, self.features.from_lens(rollouts, tokenizer, self._layers), 0, rollouts.size)
+
     def observe_forward(self, rollouts, view):
         self.base.observe_forward(rollouts, view)
+        if self._from_sampler:
+            return
         start, stop, _ = view.rows.indices(rollouts.size)
         built = self.features(rollouts, view, start, stop)  # algorithms/meds_feature_builders.py
-        if built is None:
-            return
+        if built is not None:
+            self._store(rollouts, built, start, stop)
+
+    def _store(self, rollouts, built, start, stop):
+        """Features (and anchors) of rows start..stop into rollouts.extras."""
         if built.layers is not None:
             self._layers = built.layers
         extras = rollouts.extras
@@ -155,7 +183,7 @@ class MEDS(OnBase):
     def shape_rewards(self, rollouts):
         self.base.shape_rewards(rollouts)
         if FEATURES not in rollouts.extras:
-            raise RuntimeError("MEDS found no features: observe_forward did not run on this batch")
+            raise RuntimeError("MEDS found no features: neither observe_probe nor observe_forward gave them for this batch")
         cfg = self.config
         features = rollouts.extras[FEATURES]
         correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)

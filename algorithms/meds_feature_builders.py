@@ -13,8 +13,10 @@ are one answer to "which responses repeat the same mistake"; an ablation compare
   over the points (meds_clusterers.ShuffledLabels): same number and sizes of clusters and noise,
   random membership.
 
-Every builder runs inside MEDS.observe_forward, once per micro-batch of the sampling forward pass,
-and returns the features of rows start..stop of the batch as a float32 CPU tensor [b, D].
+Every builder runs inside MEDS.observe_forward, once per micro-batch of the scoring pass, and
+returns the features of rows start..stop of the batch as a float32 CPU tensor [b, D]. The
+logit-lens builders can instead read the values the `hf` rollout engine recorded while it sampled
+(`from_lens`, meds_cli/engine/lens_probe.py): the same numbers without a second forward pass.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class BuiltFeatures:
 class FeatureBuilder:
     needs_hidden_states = True  # whether the sampling forward pass must return hidden states
     shuffle_labels = False  # the random control: permute the clusterer's labels
+    reads_lens = False  # whether from_lens can build the features from the sampler's logit-lens values
 
     def __init__(self, config):
         self.config = config
@@ -51,26 +54,41 @@ class FeatureBuilder:
         raise NotImplementedError
 
 
+def answer_anchors(rollouts, start: int, stop: int, tokenizer) -> tuple[torch.Tensor, list[str]]:
+    """(y* index [b], anchor kind per response) of rows start..stop (meds_features.answer_anchor)."""
+    lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
+    anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
+                             bool(rollouts.truncated[i]), tokenizer)
+               for i, n in zip(range(start, stop), lengths)]
+    return torch.tensor([j for j, _ in anchors], dtype=torch.long), [kind for _, kind in anchors]
+
+
 @FEATURE_BUILDERS.register("logits", "logit lens of the first answer token, one scalar per layer (the paper)")
 class LogitLensFeatures(FeatureBuilder):
+    reads_lens = True
+
     def __call__(self, rollouts, view, start, stop):
         from meds_cli.core.forward import output_head
 
         if view.hidden_states is None:
             return None
         layers = resolve_layers(self.config.layers, len(view.hidden_states) - 1)
-        lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
-        anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
-                                 bool(rollouts.truncated[i]), view.tokenizer)
-                   for i, n in zip(range(start, stop), lengths)]
-        index = torch.tensor([j for j, _ in anchors], dtype=torch.long)
+        index, kinds = answer_anchors(rollouts, start, stop, view.tokenizer)
         device = view.hidden_states[0].device
         tokens = rollouts.response_ids[start:stop].gather(1, index.unsqueeze(1)).squeeze(1)
         norm, head = output_head(view.model)
         values = lens_logits(view.hidden_states, layers, torch.arange(stop - start, device=device),
                              (rollouts.prompt_width + index - 1).to(device), tokens.to(device), head,
                              norm if self.config.final_norm else None).cpu()
-        return BuiltFeatures(values, index, [kind for _, kind in anchors], layers)
+        return BuiltFeatures(values, index, kinds, layers)
+
+    def from_lens(self, rollouts, tokenizer, layers: list[int]) -> BuiltFeatures:
+        """The same features for the whole batch, from rollouts.sampler_lens: the value the
+        sampler recorded at each response's y*."""
+        index, kinds = answer_anchors(rollouts, 0, rollouts.size, tokenizer)
+        rows = [lens[j] if j < len(lens) else lens.new_zeros(len(layers))  # an empty response has no y*
+                for lens, j in zip(rollouts.sampler_lens, index.tolist())]
+        return BuiltFeatures(torch.stack(rows).float(), index, kinds, layers)
 
 
 @FEATURE_BUILDERS.register("random", "control: logit-lens features, cluster labels shuffled at random (same cluster sizes)")

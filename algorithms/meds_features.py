@@ -29,6 +29,7 @@ import torch
 
 from benchmarks.answer_extraction import last_boxed_start
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import token_logits
 
 ANCHORS = ("boxed", "last", "truncated")
 
@@ -144,13 +145,4 @@ def lens_logits(hidden_states, layers: list[int], rows: torch.Tensor, columns: t
         if norm is not None and n != last:
             h = norm(h)
         states.append(h)
-    h = torch.stack(states, dim=1)  # [b, L, H]
-    weight = getattr(head, "weight", None)
-    if isinstance(head, torch.nn.Linear) and weight is not None:
-        w = weight[tokens.to(weight.device)].float()  # [b, H]: the head's row of each answer token
-        values = (h.float() * w.unsqueeze(1)).sum(-1)
-        if head.bias is not None:
-            values = values + head.bias[tokens].float().unsqueeze(1)
-        return values
-    full = head(h).float()  # an unusual head (wrapped, scaled): project fully, still one position
-    return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, len(layers), 1)).squeeze(-1)
+    return token_logits(torch.stack(states, dim=1), tokens, head)  # [b, L]

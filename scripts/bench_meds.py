@@ -3,8 +3,8 @@
 Two trainers (DAPO, MEDS on DAPO) with the same config and seed run step by step in turn, so a
 busy shared CPU slows both alike. The learning rate is tiny (the paper's 1e-6) so that both
 policies stay almost the same and sample the same responses: the generation work is equal and
-the difference is MEDS's own (hidden states in the scoring pass, the logit lens, clustering,
-memory). The first `--skip` steps (imports, lazy initialisation) are left out of the means.
+the difference is MEDS's own (the logit-lens values recorded while sampling, or with an engine
+that records none the scoring pass with hidden states; the anchors, clustering, memory). The first `--skip` steps (imports, lazy initialisation) are left out of the means.
 
     python scripts/bench_meds.py                    # embedded SmolLM2-135M (minutes on CPU)
     python scripts/bench_meds.py --tiny --steps 6   # the in-memory tiny model (seconds)
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HOOKS = ("observe_forward", "shape_rewards", "on_step_end", "step_metrics")
+HOOKS = ("observe_probe", "observe_forward", "shape_rewards", "on_step_end", "step_metrics")
 
 
 def timed_hooks(algorithm) -> dict[str, float]:
@@ -36,7 +36,7 @@ def timed_hooks(algorithm) -> dict[str, float]:
             finally:
                 spent["wall"] += time.perf_counter() - t0
                 spent["cpu"] += time.process_time() - c0
-                if _hook.__name__ == "observe_forward":
+                if _hook.__name__ in ("observe_probe", "observe_forward"):
                     spent["cpu_observe"] += time.process_time() - c0
 
         setattr(algorithm, name, timed)
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip", type=int, default=1, help="first steps left out of the means")
-    parser.add_argument("--repeats", type=int, default=5, help="repeats of the scoring-pass A/B (0: skip)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of the sampling A/B with and without lens values (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared CPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra section.key=value")
     args = parser.parse_args()
@@ -99,41 +99,38 @@ def main() -> None:
         ratio = f"{m / d:8.3f}" if d else f"{'-':>8s}"  # DAPO skips the scoring pass: no score time to divide by
         print(f"{key:22s}{d:10.3f}{m:10.3f}{ratio}")
     print(f"MEDS hooks: {mean('meds', 'hooks_s') * 1000:.1f} ms/step wall, {mean('meds', 'cpu_hooks_s') * 1000:.1f} ms/step "
-          f"CPU, of which features (observe_forward) {mean('meds', 'cpu_observe_s') * 1000:.1f} ms")
+          f"CPU, of which features (observe_probe / observe_forward) {mean('meds', 'cpu_observe_s') * 1000:.1f} ms")
     print(f"MEDS hooks / DAPO step, CPU time: {mean('meds', 'cpu_hooks_s') / mean('dapo', 'cpu_step_s'):.2%}")
-    if args.repeats:
-        plain, meds = scoring_ab(trainers["meds"], args.repeats)
-        print(f"scoring pass of one batch, best of {args.repeats} (interleaved): without MEDS {plain:.3f} s, "
-              f"with hidden states + logit lens {meds:.3f} s ({meds / plain - 1:+.1%})")
-        # the A/B 'with' side includes observe_forward; the other hooks (clustering, memory) add to it
-        own = max(0.0, meds - plain) + mean("meds", "cpu_hooks_s") - mean("meds", "cpu_observe_s")
+    if args.repeats and trainers["meds"].lens_probe is not None:
+        plain, meds = sampling_ab(trainers["meds"], args.repeats)
+        print(f"sampling one batch, best of {args.repeats} (interleaved): without lens values {plain:.3f} s, "
+              f"recording them {meds:.3f} s ({meds / plain - 1:+.1%})")
+        own = max(0.0, meds - plain) + mean("meds", "cpu_hooks_s")
         print(f"estimated MEDS overhead per step: {own:.3f} s = {own / mean('dapo', 'cpu_step_s'):.2%} of a DAPO step (CPU)")
 
 
-def scoring_ab(trainer, repeats: int) -> tuple[float, float]:
-    """Best-of-`repeats` time of the scoring forward pass on one sampled batch, without and with
-    MEDS's part (hidden states + logit lens); interleaved so that load hits both alike."""
-    from meds_cli.engine.rollout import sample_responses
-    from meds_cli.engine.scoring import score_rollouts
+def sampling_ab(trainer, repeats: int) -> tuple[float, float]:
+    """Best-of-`repeats` time of sampling one batch with the trainer's engine, without and with
+    the logit-lens values MEDS reads recorded in the decode loop (the same seeds, so the same
+    responses); interleaved so that load hits both alike."""
+    import torch
 
-    cfg, algo, model = trainer.cfg, trainer.algorithm, trainer.unwrapped
+    from meds_cli.engine.rollout import sample_rollouts, sampling_settings
+
+    cfg, model = trainer.cfg, trainer.unwrapped
     problems = [trainer.task.train[i] for i in range(cfg.rollout.prompts_per_step)]
     prompts = [trainer.task.prompt(p, trainer.tokenizer) for p in problems]
     model.eval()
-    batch = sample_responses(model, trainer.tokenizer, prompts, problems, cfg.rollout.group_size,
-                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                             max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.rollout.generation_batch_size)
     times = {False: [], True: []}
     for _ in range(repeats):
-        for with_meds in (False, True):
-            batch.extras = {}
+        for with_lens in (False, True):
+            settings = sampling_settings(cfg.rollout, trainer.tokenizer, lens=trainer.lens_probe if with_lens else None)
+            torch.manual_seed(0)
             t0 = time.perf_counter()
-            score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=False,
-                           wants_hidden_states=with_meds,
-                           observe=(lambda view: algo.observe_forward(batch, view)) if with_meds else None,
-                           tokenizer=trainer.tokenizer)
-            times[with_meds].append(time.perf_counter() - t0)
+            sample_rollouts(trainer.engine, trainer.tokenizer, prompts, problems, cfg.rollout.group_size, settings)
+            times[with_lens].append(time.perf_counter() - t0)
     return min(times[False]), min(times[True])
+
 
 if __name__ == "__main__":
     main()

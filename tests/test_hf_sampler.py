@@ -6,11 +6,9 @@ import math
 import pytest
 import torch
 
-from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.hf_sampler import HFEngine, _nucleus, batches_of, choose_tokens, merged_lora, row_uniforms
 from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
-from meds_cli.engine.model import apply_lora
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from tests.tiny_policy import lora_policy
 
 PROBS = [0.1, 0.2, 0.3, 0.4]
 
@@ -70,18 +68,7 @@ def test_batches_split_requests_by_rows_and_keep_seed_order():
 
 
 def _policy():
-    model, tokenizer = tiny_model_and_tokenizer()
-    model = apply_lora(model, LoraConfig(rank=8))
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        # Both adapter matrices from the test's own generator: peft draws lora_A from the global
-        # RNG, which would make the model depend on the tests that ran before.
-        for name, p in model.named_parameters():
-            if "lora_A" in name:
-                p.copy_(torch.randn(p.shape, generator=generator) / p.shape[1] ** 0.5)
-            if "lora_B" in name:  # an adapter that changes the outputs (peft starts it at zero)
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
-    return model.eval(), tokenizer
+    return lora_policy(seed=3)
 
 
 PROMPTS = ["12+3=", "7*8=(", "hello", "9"]

@@ -84,7 +84,9 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         elif main:
             runs.claim_run_dir(run_dir, lock)
         accelerator.wait_for_everyone()
-        return _train(plan, step, accelerator, console, argv, quiet)
+        code = _train(plan, step, accelerator, console, argv, quiet)
+        close_process_group(accelerator)
+        return code
     except OSError as error:
         if is_storage_error(error):
             raise os_error(error, f"write to the run folder '{run_dir}'") from None
@@ -93,6 +95,17 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         lock.release()
         if created and main and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # leave no empty run folder behind a run that never started
+
+
+def close_process_group(accelerator) -> None:
+    """Every process has finished: tear the process group down here rather than at interpreter
+    exit, where gloo's threads are destroyed in no set order and a process sometimes aborts
+    ("terminate called without an active exception") after a run that succeeded."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        accelerator.wait_for_everyone()
+        dist.destroy_process_group()
 
 
 def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv, quiet: bool) -> int:

@@ -1,5 +1,6 @@
-"""What an algorithm may see of the no-grad sampling forward pass, and the model part it may
-apply to hidden states (the output head, for the logit lens)."""
+"""What an algorithm may see of the model's forward passes: the no-grad scoring pass
+(ForwardView), the values a rollout engine records while sampling (LensProbe), and the model
+parts applied to hidden states (the output head, for the logit lens)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+
+@dataclass(frozen=True)
+class LensProbe:
+    """Logit-lens values a rollout engine with `records_lens` records while it samples: for every
+    sampled token, its logit read through the output head from the hidden state, at each of
+    `layers`, of the position that predicted it. Layers are numbered as transformers'
+    `hidden_states` (0 = embedding output, N = after the final norm); `final_norm` applies the
+    final norm to the others before the head. MEDS reads its features from these (the forward
+    that sampled a token already computed every state the lens needs), so it needs no second
+    forward over the responses."""
+
+    layers: tuple[int, ...]
+    final_norm: bool = False
 
 
 @dataclass
@@ -42,3 +57,28 @@ def output_head(model):
     body = getattr(inner, "model", None)
     norm = getattr(body, "norm", None) if body is not None else None
     return norm, inner.get_output_embeddings()
+
+
+def decoder_layers(model):
+    """The decoder layers of a causal LM (`model.model.layers` in Llama, Qwen2, Mistral, Gemma),
+    through peft and DDP wrappers, or None where the model is laid out otherwise."""
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    layers = getattr(getattr(inner, "model", None), "layers", None)
+    return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
+
+
+def token_logits(states: torch.Tensor, tokens: torch.Tensor, head) -> torch.Tensor:
+    """[b, L] fp32 logit of token tokens[i] from each of the L hidden states states[i] ([b, L, H]).
+    A plain linear head needs only its row of each token (a dot product, not a projection onto
+    the whole vocabulary); any other head is applied in full."""
+    weight = getattr(head, "weight", None)
+    if isinstance(head, torch.nn.Linear) and weight is not None:
+        w = weight[tokens.to(weight.device)].float()  # [b, H]: the head's row of each token
+        values = (states.float() * w.unsqueeze(1)).sum(-1)
+        if head.bias is not None:
+            values = values + head.bias[tokens].float().unsqueeze(1)
+        return values
+    full = head(states).float()  # an unusual head (wrapped, scaled): project fully
+    return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, states.shape[1], 1)).squeeze(-1)

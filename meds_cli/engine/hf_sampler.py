@@ -9,7 +9,8 @@ generate's general machinery costs time that this shape does not need. The loop 
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched.
 It returns the sampler's log-prob of each token under the distribution it sampled from
-(temperature and top-p applied), for importance-sampling corrections and mismatch metrics.
+(temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
+when the settings carry a LensProbe, each token's logit-lens values (engine/lens_probe.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from meds_cli.engine.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings
 
 
@@ -126,6 +128,13 @@ def _cache_keyword(model) -> str:
 def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int) -> list[list[Sample]]:
     """Sample every request's responses in one batch: one prefill per prompt, then one forward
     per new token over the rows still running."""
+    if settings.lens is None:
+        return _decode(model, requests, settings, pad_id, None)
+    with LensRecorder(model, settings.lens) as lens:
+        return _decode(model, requests, settings, pad_id, lens)
+
+
+def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: LensRecorder | None) -> list[list[Sample]]:
     device = next(model.parameters()).device
     width = max(len(r.prompt_ids) for r in requests)
     ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
@@ -147,12 +156,15 @@ def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings,
     logits = out.logits[:, -1].float()[rows]
     mask, next_position = mask[rows], positions[rows, -1] + 1
     del out
+    if lens is not None:
+        lens.select(rows)
 
     steps = settings.max_new_tokens
     uniforms = row_uniforms([s for r in requests for s in r.seeds], steps).to(device)
     total = len(rows)
     tokens_out = torch.zeros((total, steps), dtype=torch.long, device=device)
     logp_out = torch.zeros((total, steps), device=device)
+    lens_out = torch.zeros((total, steps, len(settings.lens.layers)), device=device) if lens is not None else None
     lengths = torch.zeros(total, dtype=torch.long, device=device)
     stopped = torch.zeros(total, dtype=torch.bool, device=device)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
@@ -163,6 +175,8 @@ def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings,
         token, logp = choose_tokens(logits, uniforms[running, t], settings.temperature, settings.top_p)
         tokens_out[running, t] = token
         logp_out[running, t] = logp
+        if lens is not None:  # the states of the forward whose logits chose this token
+            lens_out[running, t] = lens.values(token)
         lengths[running] += 1
         ended = torch.isin(token, stop)
         if t == steps - 1:
@@ -183,7 +197,9 @@ def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings,
         del out
 
     tokens_out, logp_out, lengths, stopped = tokens_out.cpu(), logp_out.cpu(), lengths.tolist(), stopped.tolist()
-    samples = [Sample(tokens_out[i, :lengths[i]].tolist(), stopped[i], logp_out[i, :lengths[i]].tolist())
+    lens_out = lens_out.cpu() if lens_out is not None else None
+    samples = [Sample(tokens_out[i, :lengths[i]].tolist(), stopped[i], logp_out[i, :lengths[i]].tolist(),
+                      lens_out[i, :lengths[i]].clone() if lens_out is not None else None)
                for i in range(total)]
     grouped, start = [], 0
     for request in requests:
@@ -220,6 +236,7 @@ class HFEngine:
 
     def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True):
         self.model, self.pad_id, self.batch_size, self.merge_lora = model, pad_id, max(1, batch_size), merge_lora
+        self.records_lens = can_record_lens(model)
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         was_training = self.model.training

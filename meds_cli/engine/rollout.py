@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.hf_sampler import HFEngine
@@ -39,12 +40,13 @@ def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1,
 
 
 def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = None,
-                      top_p: float | None = None) -> SamplingSettings:
-    """The rollout section's sampling settings (temperature / top_p overridable, as for greedy evals)."""
+                      top_p: float | None = None, lens: LensProbe | None = None) -> SamplingSettings:
+    """The rollout section's sampling settings (temperature / top_p overridable, as for greedy
+    evals; `lens`: logit-lens values to record per token)."""
     return SamplingSettings(temperature=rollout_cfg.temperature if temperature is None else temperature,
                             top_p=rollout_cfg.top_p if top_p is None else top_p,
                             max_new_tokens=rollout_cfg.max_new_tokens, stop_ids=stop_token_ids(tokenizer),
-                            min_new_tokens=rollout_cfg.min_new_tokens)
+                            min_new_tokens=rollout_cfg.min_new_tokens, lens=lens)
 
 
 def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
@@ -85,8 +87,8 @@ def decode_responses(tokenizer, samples: list[Sample], stop_ids) -> list[str]:
 def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples: list[list[Sample]],
                           problems: list[Problem], group_size: int, stop_ids) -> Rollouts:
     """Lay the engine's samples out as described in meds_cli/core/rollouts.py: prompts
-    left-padded, responses (stop token included) right-padded, the sampler's log-probs beside
-    them where the engine gave them."""
+    left-padded, responses (stop token included) right-padded, the sampler's log-probs (and
+    logit-lens values) beside them where the engine gave them."""
     rows = [(ids, sample) for ids, group in zip(prompt_ids, samples) for sample in group]
     pad = tokenizer.pad_token_id
     width_p = max(len(ids) for ids, _ in rows)
@@ -113,4 +115,5 @@ def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples:
         prompt_width=width_p, response_ids=response, response_mask=response_mask,
         response_texts=decode_responses(tokenizer, [s for _, s in rows], stop_ids),
         truncated=torch.tensor([not s.stopped for _, s in rows]), sampler_logp=sampler_logp,
+        sampler_lens=[s.lens for _, s in rows] if all(s.lens is not None for _, s in rows) else None,
     )

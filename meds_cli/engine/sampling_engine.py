@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import LensProbe
 
 ENGINES = ("hf", "vllm", "auto")
 
@@ -29,6 +30,7 @@ class SamplingSettings:
     max_new_tokens: int
     stop_ids: tuple[int, ...]  # a response ends after the first of these (kept in the response)
     min_new_tokens: int = 0  # stop ids are refused before this many tokens (benchmarks force lengths)
+    lens: LensProbe | None = None  # values to record per sampled token (engines with records_lens)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Sample:
     token_ids: list[int]  # the response, its stop token included when it stopped
     stopped: bool  # ended on a stop id (False: cut at max_new_tokens)
     logprobs: list[float] | None = field(default=None)  # the sampler's log-prob of each token, where it has them
+    lens: Any = field(default=None)  # torch.Tensor [tokens, len(layers)] of settings.lens, where recorded
 
 
 class RolloutEngine(Protocol):
@@ -55,6 +58,7 @@ class RolloutEngine(Protocol):
     updates (vLLM's sleep mode); the next `generate` takes it back."""
 
     name: str
+    records_lens: bool  # honours SamplingSettings.lens
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]: ...
 

@@ -25,6 +25,7 @@ from benchmarks.tasks import PromptSampler, build_task
 from meds_cli.engine import checkpoints, runs
 from meds_cli.engine.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import decoder_layers
 from meds_cli.engine.metrics import rollout_metrics, trained_metrics
 from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
@@ -74,9 +75,6 @@ class Trainer:
         model = apply_lora(model, cfg.model.lora)
         policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
         self.model, self.optimizer, self.sharded = policy.model, policy.optimizer, policy.sharded
-        algo = self.algorithm
-        self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
-                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
         optim = cfg.optim
@@ -88,6 +86,13 @@ class Trainer:
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
         self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
                                   processes=self.world, rank=self.rank)
+        # Values the engine records while sampling, in place of the algorithm's reading of the
+        # scoring pass (MEDS's logit lens with the hf engine): asked before the pass is planned.
+        algo = self.algorithm
+        self.lens_probe = (algo.sampler_probe(len(decoder_layers(self.unwrapped)))
+                           if getattr(self.engine, "records_lens", False) else None)
+        self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -124,7 +129,7 @@ class Trainer:
         model.eval()
         with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                    sampling_settings(cfg.rollout, self.tokenizer))
+                                    sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
@@ -196,6 +201,10 @@ class Trainer:
         batch = batch.select_groups(torch.arange(batch.num_groups) < groups)
         if self.scoring == "trained":  # only the groups that train; the same count on every process
             self._score(batch, timing)
+        if self.lens_probe is not None:
+            t0 = time.perf_counter()
+            algo.observe_probe(batch, self.tokenizer)
+            timing["time_score_s"] += time.perf_counter() - t0
         algo.shape_rewards(batch)
         batch.advantages = algo.compute_advantages(batch)
         return batch, all_sampled, info

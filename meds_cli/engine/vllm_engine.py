@@ -103,6 +103,7 @@ class VLLMEngine:
     a fixed model (eval); `adapter_path`: a fixed LoRA adapter to serve (eval of a checkpoint)."""
 
     name = "vllm"
+    records_lens = False  # vLLM exposes no hidden states: MEDS reads its features from the scoring pass
 
     def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
                  adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
