@@ -28,7 +28,9 @@ def test_one_optimizer_step_per_mini_batch(tmp_path):
 
 @pytest.mark.parametrize("lora", [True, False])
 def test_gradient_checkpointing_recomputes_and_changes_nothing(tmp_path, lora):
-    common = (*SMALL, "train.ppo_epochs=2", "train.micro_batch_size=8", f"model.lora.enabled={str(lora).lower()}")
+    # Prompts run with their responses in one call on both sides (checkpointing turns sharing off).
+    common = (*SMALL, "train.ppo_epochs=2", "train.micro_batch_size=8", f"model.lora.enabled={str(lora).lower()}",
+              "train.share_prompts=false")
     results = {}
     for checkpointing in (False, True):
         cfg = tiny_config(*common, f"train.gradient_checkpointing={str(checkpointing).lower()}")

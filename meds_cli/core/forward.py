@@ -82,3 +82,13 @@ def token_logits(states: torch.Tensor, tokens: torch.Tensor, head) -> torch.Tens
         return values
     full = head(states).float()  # an unusual head (wrapped, scaled): project fully
     return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, states.shape[1], 1)).squeeze(-1)
+
+
+def cache_keyword(model) -> str:
+    """The forward's name for a KV cache: transformers 5 renamed `past_key_values` to `cache`
+    (the old name warns)."""
+    import inspect
+
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"

@@ -163,6 +163,9 @@ class TrainConfig:
                            "optimizer state split over processes (torch fully_shard)")
     logprob_chunk_tokens: int = doc(1024, "tokens whose logits [n, vocab] exist at once when log-probs are taken",
                                     at_least(1))
+    share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once and copy "
+                              "its keys and values to the rows of its group (gradients flow back through the copies): "
+                              "the same numbers up to rounding; not used with gradient_checkpointing or fsdp2")
     scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
                                "own forward gives the same old log-probs; always: run it")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)", at_least(0))

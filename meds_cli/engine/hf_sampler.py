@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from meds_cli.core.forward import cache_keyword
 from meds_cli.engine.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings
 
@@ -116,14 +117,6 @@ def merged_lora(model):
             layer.merged_adapters = []
 
 
-def _cache_keyword(model) -> str:
-    """transformers 5 renamed the forward's `past_key_values` to `cache` (the old name warns)."""
-    import inspect
-
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
 def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int) -> list[list[Sample]]:
     """Sample every request's responses in one batch: one prefill per prompt, then one forward
@@ -145,7 +138,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
             mask[i, width - len(request.prompt_ids):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-    cache_keyword = _cache_keyword(model)
+    keyword = cache_keyword(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = out.get("cache")
     if cache is None:  # transformers before the rename
@@ -191,7 +184,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
             cache.batch_select_indices(keep)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                    use_cache=True, **{cache_keyword: cache})
+                    use_cache=True, **{keyword: cache})
         logits = out.logits[:, -1].float()
         next_position = next_position + 1
         del out

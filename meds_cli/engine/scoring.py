@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from meds_cli.core.forward import ForwardView, output_head
+from meds_cli.core.forward import ForwardView, cache_keyword, output_head
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 
@@ -49,6 +49,13 @@ def scoring_pass(view_needed_by: str | None, *, uses_reference: bool, optimizer_
     return None
 
 
+def shares_prompts(train_cfg, sharded) -> bool:
+    """Whether forwards run each distinct prompt once (`train.share_prompts`). Not under gradient
+    checkpointing, where transformers turns the KV cache off in training, nor under FSDP2, where
+    the two calls per micro-batch it makes are untested."""
+    return train_cfg.share_prompts and not train_cfg.gradient_checkpointing and sharded is None
+
+
 def logit_function(model) -> Callable[[torch.Tensor], torch.Tensor]:
     """hidden [n, H] -> logits [n, V] as the model's head makes them (with Gemma-style soft-capping)."""
     _, head = output_head(model)
@@ -61,33 +68,79 @@ def logit_function(model) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def policy_forward(model, input_ids, attention_mask, prompt_width: int, response_ids, *, temperature: float,
                    response_mask=None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_states: bool = False,
-                   with_entropy: bool = True):
+                   with_entropy: bool = True, share_prompts: bool = False):
     """One forward of the policy: (log p of the response tokens [b, R], entropy [b, R] or None,
     all hidden states or None, the final hidden states at the positions predicting the response
-    [b, R, H]). Positions where response_mask is 0 come back as 0."""
-    norm, _ = output_head(model)
-    captured = {}
-    # The final norm's output is what the head reads; a hook takes it without asking the model
-    # for every layer's states (held until the pass ends, gigabytes at long responses).
-    hook = norm.register_forward_hook(lambda module, args, out: captured.setdefault("last", out)) if norm else None
-    try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-                    output_hidden_states=hidden_states or norm is None, use_cache=False, logits_to_keep=1)
-    finally:
-        if hook is not None:
-            hook.remove()
-    last = captured["last"] if norm is not None else out.hidden_states[-1]
+    [b, R, H]). Positions where response_mask is 0 come back as 0.
+
+    `share_prompts`: rows with the same prompt (the G responses of a group) run that prompt once
+    and read its keys and values from a cache copied to each row, gradients included (they flow
+    back through the copies), instead of running it G times; the same numbers up to rounding. Not
+    with `hidden_states` (those are asked over the whole sequence) or a cache-less model."""
     width = response_ids.shape[1]
-    last = last[:, prompt_width - 1:prompt_width - 1 + width]  # position Lp-1+j predicts response token j
+    last = None
+    if share_prompts and not hidden_states:
+        last = _shared_prompt_states(model, input_ids, attention_mask, prompt_width)
+    if last is not None:
+        out = None
+    else:
+        out, last = _final_states(model, output_hidden_states=hidden_states, input_ids=input_ids,
+                                  attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
+                                  use_cache=False)
+        last = last[:, prompt_width - 1:prompt_width - 1 + width]  # position Lp-1+j predicts response token j
     logp, entropy = token_logprobs_and_entropy(last, logit_function(model), response_ids, temperature=temperature,
                                                mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=with_entropy)
     return logp, entropy, (out.hidden_states if hidden_states else None), last
 
 
+def _final_states(model, *, output_hidden_states: bool, **inputs):
+    """(the model's output, its final hidden states: the final norm's output, which the head reads).
+    A hook takes them rather than asking the model for every layer's states (held until the pass
+    ends, gigabytes at long responses); the head itself runs on the last position only."""
+    norm, _ = output_head(model)
+    captured = {}
+    hook = norm.register_forward_hook(lambda module, args, out: captured.setdefault("last", out)) if norm else None
+    try:
+        out = model(**inputs, output_hidden_states=output_hidden_states or norm is None, logits_to_keep=1)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return out, (captured["last"] if norm is not None else out.hidden_states[-1])
+
+
+def _shared_prompt_states(model, input_ids, attention_mask, prompt_width: int):
+    """The final hidden states at the positions predicting the response [b, R, H], each distinct
+    prompt run once; None where nothing is shared or the model's cache cannot be copied by row."""
+    prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
+    distinct, row_of = torch.unique(prompt, dim=0, return_inverse=True)
+    if len(distinct) == len(prompt) or prompt_width == 0:
+        return None
+    prompt_ids, prompt_mask = distinct[:, :prompt_width], distinct[:, prompt_width:]
+    # The prompt through the bare module: under DDP only the call below goes through the wrapper,
+    # which prepares the gradient reduction for one backward over both.
+    inner = getattr(model, "module", model)
+    out, prompt_last = _final_states(inner, output_hidden_states=False, input_ids=prompt_ids, attention_mask=prompt_mask,
+                                     position_ids=position_ids_for(prompt_mask), use_cache=True)
+    cache = out.get("cache")
+    if cache is None:
+        cache = out.past_key_values
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(row_of)
+    keyword = cache_keyword(inner)
+    positions = position_ids_for(attention_mask)[:, prompt_width:]
+    _, response_last = _final_states(model, output_hidden_states=False, input_ids=input_ids[:, prompt_width:],
+                                     attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                                     **{keyword: cache})
+    # Response token 0 is predicted by the prompt's last position, token j by response position j - 1.
+    return torch.cat([prompt_last[row_of, -1:], response_last[:, :-1]], dim=1)
+
+
 @torch.no_grad()
 def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_reference: bool, temperature: float = 1.0,
                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, wants_hidden_states: bool = False,
-                   observe: Callable[[ForwardView], None] | None = None, disable_adapter=None, tokenizer=None) -> None:
+                   observe: Callable[[ForwardView], None] | None = None, disable_adapter=None, tokenizer=None,
+                   share_prompts: bool = False) -> None:
     """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`."""
     old, ent, ref = [], [], []
     device = next(model.parameters()).device
@@ -100,7 +153,7 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
         response_mask = rollouts.response_mask[rows].to(device)
         logp, entropy, hidden, last = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
                                                      response_mask=response_mask, chunk_tokens=chunk_tokens,
-                                                     hidden_states=wants_hidden_states)
+                                                     hidden_states=wants_hidden_states, share_prompts=share_prompts)
         old.append(logp.cpu())
         ent.append(entropy.cpu())
         if observe is not None:
@@ -109,7 +162,8 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
         if with_reference:
             with disable_adapter():
                 ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
-                                                   response_mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=False)
+                                                   response_mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=False,
+                                                   share_prompts=share_prompts)
             ref.append(ref_logp.cpu())
     rollouts.old_logp = torch.cat(old)
     rollouts.entropy = torch.cat(ent)

@@ -33,7 +33,7 @@ from meds_cli.engine.config import to_dict
 from meds_cli.engine.importance import mismatch_metrics
 from meds_cli.engine.rollout import make_engine, sample_rollouts, sampling_settings
 from meds_cli.engine.samples_log import record_samples, should_log_samples
-from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature
+from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
 from meds_cli.engine.sharding import check_distributed_setup, gathered_parameters, make_accelerator
 from meds_cli.engine.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.update import prepare_policy, update_policy
@@ -154,7 +154,7 @@ class Trainer:
                            chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
                            observe=lambda view: algo.observe_forward(batch, view),
                            disable_adapter=reference_context(model) if algo.uses_reference else None,
-                           tokenizer=self.tokenizer)
+                           tokenizer=self.tokenizer, share_prompts=shares_prompts(cfg.train, self.sharded))
         timing["time_score_s"] += time.perf_counter() - t0
 
     def _any_process(self, flag: bool) -> bool:

@@ -24,7 +24,7 @@ from meds_cli.engine import sharding
 from meds_cli.engine.importance import is_correction_weights
 from meds_cli.engine.metrics import mean_of
 from meds_cli.engine.precision import low_precision_training_warning
-from meds_cli.engine.scoring import policy_forward, scoring_temperature
+from meds_cli.engine.scoring import policy_forward, scoring_temperature, shares_prompts
 
 
 @dataclass
@@ -116,7 +116,8 @@ def update_policy(trainer, batch: Rollouts) -> dict:
                             model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
                             batch.prompt_width, batch.response_ids[chunk].to(device), temperature=temperature,
                             response_mask=batch.response_mask[chunk].to(device),
-                            chunk_tokens=cfg.train.logprob_chunk_tokens, with_entropy=own_old)
+                            chunk_tokens=cfg.train.logprob_chunk_tokens, with_entropy=own_old,
+                            share_prompts=shares_prompts(cfg.train, trainer.sharded))
                     if own_old:
                         old = logp.detach()
                         batch.entropy[chunk] = entropy.cpu()

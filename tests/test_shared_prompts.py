@@ -1,0 +1,79 @@
+"""Forwards that run each distinct prompt once (`train.share_prompts`, engine/scoring.py) give the
+log-probs, entropy and LoRA gradients of forwards that run every row whole, and whole runs agree."""
+
+import pytest
+import torch
+
+from meds_cli.core.records import Problem
+from meds_cli.engine.rollout import rollouts_from_samples
+from meds_cli.engine.sampling_engine import Sample
+from meds_cli.engine.scoring import policy_forward, score_rollouts
+from meds_cli.engine.trainer import Trainer
+from tests.conftest import tiny_config
+from tests.tiny_policy import lora_policy
+
+PROMPTS = ["12+3=", "7*8=(1", "9"]  # different lengths: left padding
+RESPONSES = [["42", "7", "abc1"], ["5", "66", "x"], ["123", "", "9"]]  # different lengths: right padding
+
+
+def batch(tokenizer):
+    prompt_ids = [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS]
+    eos = tokenizer.eos_token_id
+    samples = [[Sample(tokenizer(r, add_special_tokens=False)["input_ids"] + [eos], True) for r in group]
+               for group in RESPONSES]
+    problems = [Problem(id=str(i), question=p, answer="1") for i, p in enumerate(PROMPTS)]
+    return rollouts_from_samples(tokenizer, prompt_ids, samples, problems, 3, [eos])
+
+
+def forward_and_grads(model, rows, share):
+    """(log-probs, entropy, LoRA gradients, [batch size of each call of the decoder])."""
+    model.zero_grad(set_to_none=True)
+    calls = []
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    logp, entropy, _, _ = policy_forward(model, rows.input_ids, rows.attention_mask, rows.prompt_width,
+                                         rows.response_ids, temperature=0.7, response_mask=rows.response_mask,
+                                         share_prompts=share)
+    hook.remove()
+    (logp * rows.response_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), entropy.detach(), grads, calls
+
+
+@pytest.mark.parametrize("rows", [slice(0, 9), slice(1, 7)])  # whole groups, and groups cut by a micro-batch
+def test_shared_prompt_forward_equals_the_whole_forward_with_gradients(rows):
+    model, tokenizer = lora_policy(seed=11)
+    model.train()
+    part = batch(tokenizer).select_groups(torch.ones(3, dtype=torch.bool))
+    part.input_ids, part.attention_mask = part.input_ids[rows], part.attention_mask[rows]
+    part.response_ids, part.response_mask = part.response_ids[rows], part.response_mask[rows]
+    whole, shared = forward_and_grads(model, part, False), forward_and_grads(model, part, True)
+    size, width = part.input_ids.shape[0], part.prompt_width
+    assert whole[3] == [(size, part.input_ids.shape[1])]
+    assert shared[3] == [(3, width), (size, part.input_ids.shape[1] - width)]  # each prompt once, then the responses
+    torch.testing.assert_close(shared[0], whole[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[1], whole[1], atol=1e-5, rtol=1e-5)
+    assert whole[2] and shared[2].keys() == whole[2].keys()  # LoRA gradients, through the copied prompt too
+    for name, grad in whole[2].items():  # sums over many rows and positions: rounding grows with the norm
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()))
+
+
+def test_the_scoring_pass_shares_prompts_with_the_same_results():
+    model, tokenizer = lora_policy(seed=12)
+    rollouts = [batch(tokenizer), batch(tokenizer)]
+    for rows, share in zip(rollouts, (False, True)):
+        score_rollouts(model, rows, micro_batch_size=4, with_reference=True, temperature=1.3,
+                       disable_adapter=model.disable_adapter, share_prompts=share)
+    for name in ("old_logp", "entropy", "ref_logp"):
+        torch.testing.assert_close(getattr(rollouts[1], name), getattr(rollouts[0], name), atol=1e-5, rtol=1e-5)
+
+
+def test_runs_with_and_without_shared_prompts_agree(tmp_path):
+    rows = {}
+    for share in ("true", "false"):
+        cfg = tiny_config("rollout.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_size=6",
+                          "train.steps=3", "optim.lr=0.01", f"train.share_prompts={share}", output_dir=tmp_path / share)
+        rows[share] = Trainer(cfg, tmp_path / share).train()
+    for a, b in zip(rows["true"], rows["false"]):
+        assert a["reward"] == b["reward"]  # the same samples at every step: the updates agree
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
