@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from meds_cli.engine.rollout import sample_responses
 from meds_cli.engine.scoring import score_rollouts
-from meds_cli.engine.sharding import gathered_parameters, trainable_state
+from meds_cli.engine.sharding import close_process_group, gathered_parameters, trainable_state
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -51,6 +51,7 @@ def main(out: Path, overrides: list[str]) -> None:
         (out / "ratio.txt").write_text(str(stats["ratio_mean"]))
         (out / "world.txt").write_text(str(trainer.world))
         (out / "sharded.txt").write_text(str(trainer.sharded is not None))
+    close_process_group(trainer.acc)
 
 
 if __name__ == "__main__":

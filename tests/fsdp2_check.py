@@ -110,6 +110,7 @@ def main() -> None:
     acc.wait_for_everyone()
     if rank == 0:
         (args.out / "record.json").write_text(json.dumps(record))
+    sharding.close_process_group(acc)
 
 
 if __name__ == "__main__":

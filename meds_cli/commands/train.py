@@ -68,7 +68,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
-    from meds_cli.engine.sharding import make_accelerator
+    from meds_cli.engine.sharding import close_process_group, make_accelerator
     from meds_cli.engine.trackers import accelerator_kwargs
 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
@@ -95,17 +95,6 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         lock.release()
         if created and main and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # leave no empty run folder behind a run that never started
-
-
-def close_process_group(accelerator) -> None:
-    """Every process has finished: tear the process group down here rather than at interpreter
-    exit, where gloo's threads are destroyed in no set order and a process sometimes aborts
-    ("terminate called without an active exception") after a run that succeeded."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        accelerator.wait_for_everyone()
-        dist.destroy_process_group()
 
 
 def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv, quiet: bool) -> int:

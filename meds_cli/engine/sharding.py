@@ -247,3 +247,12 @@ def load_optimizer_state(model: nn.Module, optimizer, sharded: Sharded | None, s
 def _inner(optimizer):
     """The torch optimizer inside Accelerate's wrapper."""
     return getattr(optimizer, "optimizer", optimizer)
+
+
+def close_process_group(accelerator) -> None:
+    """Every process has finished: tear the process group down here rather than at interpreter
+    exit, where gloo's threads are destroyed in no set order and a process sometimes aborts
+    ("terminate called without an active exception") after a run that succeeded."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        accelerator.wait_for_everyone()
+        torch.distributed.destroy_process_group()
