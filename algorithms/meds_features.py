@@ -29,7 +29,7 @@ import torch
 
 from benchmarks.answer_extraction import last_boxed_start
 from meds_cli.core.errors import UserError
-from meds_cli.core.forward import token_logits
+from meds_cli.core.forward import lens_token_logits
 
 ANCHORS = ("boxed", "last", "truncated")
 
@@ -135,14 +135,8 @@ def answer_anchor(text: str, token_ids: list[int], truncated: bool, tokenizer) -
 
 def lens_logits(hidden_states, layers: list[int], rows: torch.Tensor, columns: torch.Tensor, tokens: torch.Tensor,
                 head, norm=None) -> torch.Tensor:
-    """[b, len(layers)] logit of `tokens` read from each layer's hidden state at (rows, columns).
-    `norm` (the final norm) is applied to every layer but the last entry, which transformers
-    returns normalised already."""
-    last = len(hidden_states) - 1
-    states = []
-    for n in layers:
-        h = hidden_states[n][rows, columns]  # [b, H]: one position per response
-        if norm is not None and n != last:
-            h = norm(h)
-        states.append(h)
-    return token_logits(torch.stack(states, dim=1), tokens, head)  # [b, L]
+    """[b, len(layers)] logit of `tokens` read from each layer's hidden state at (rows, columns),
+    one position per response (meds_cli/core/forward.lens_token_logits; `norm`, the final norm,
+    on every layer but the last, which transformers returns normalised already)."""
+    states = [hidden_states[n][rows, columns] for n in layers]
+    return lens_token_logits(states, layers, len(hidden_states) - 1, tokens, head, norm)

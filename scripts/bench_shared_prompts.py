@@ -43,7 +43,7 @@ def main() -> None:
     times = {False: [], True: []}
     for _ in range(args.repeats):
         for share in (False, True):
-            trainer.cfg.train.share_prompts = share
+            trainer.share_prompts = share
             rows = copy.copy(batch)  # the update fills old log-probs in the batch it is given
             t0 = time.perf_counter()
             trainer.update(rows)

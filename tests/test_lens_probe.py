@@ -78,11 +78,18 @@ def test_meds_features_from_the_sampler_equal_the_scoring_pass(spec):
 
 
 class CharTokenizer:
+    """One character per token id: token i is text[i]."""
+
+    pad_token_id = 0
+
     def __init__(self, text):
         self.text = text
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(self.text[i] for i in ids)
+
+    def batch_decode(self, seqs, skip_special_tokens=True):
+        return [self.decode(s) for s in seqs]
 
 
 def test_features_are_the_recorded_values_at_the_answer_token():
@@ -93,14 +100,7 @@ def test_features_are_the_recorded_values_at_the_answer_token():
     lens = [torch.arange(len(t) * 2, dtype=torch.float32).view(len(t), 2) + 100 * i for i, t in enumerate(ids)]
     samples = [[Sample(t, stopped=True, lens=v)] for t, v in zip(ids, lens)]
     problems = [Problem(id="a", question="q", answer="7"), Problem(id="b", question="q", answer="7")]
-
-    class Tok(CharTokenizer):
-        pad_token_id = 0
-
-        def batch_decode(self, seqs, skip_special_tokens=True):
-            return [self.decode(s) for s in seqs]
-
-    batch = rollouts_from_samples(Tok(tokenizer.text), [(0,), (0,)], samples, problems, 1, [])
+    batch = rollouts_from_samples(tokenizer, [(0,), (0,)], samples, problems, 1, [])
     algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:2", "rollout.group_size=2"))
     algo.sampler_probe(num_layers=4)
     algo.observe_probe(batch, tokenizer)

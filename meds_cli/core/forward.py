@@ -69,19 +69,30 @@ def decoder_layers(model):
     return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
 
 
-def token_logits(states: torch.Tensor, tokens: torch.Tensor, head) -> torch.Tensor:
-    """[b, L] fp32 logit of token tokens[i] from each of the L hidden states states[i] ([b, L, H]).
-    A plain linear head needs only its row of each token (a dot product, not a projection onto
-    the whole vocabulary); any other head is applied in full."""
+def lens_token_logits(states: list[torch.Tensor], layers: list[int], last_layer: int, tokens: torch.Tensor, head,
+                      norm=None) -> torch.Tensor:
+    """The logit lens: [b, L] fp32 logit of token tokens[i] read through the output head from
+    states[k][i], the hidden state [b, H] of layer layers[k]. `norm` (the final norm) is applied
+    to every layer but `last_layer`, whose state transformers returns normalised already. A plain
+    linear head needs only its row of each token (a dot product, not a projection onto the whole
+    vocabulary); any other head is applied in full."""
+    h = torch.stack([norm(state) if norm is not None and n != last_layer else state
+                     for n, state in zip(layers, states)], dim=1)  # [b, L, H]
     weight = getattr(head, "weight", None)
     if isinstance(head, torch.nn.Linear) and weight is not None:
         w = weight[tokens.to(weight.device)].float()  # [b, H]: the head's row of each token
-        values = (states.float() * w.unsqueeze(1)).sum(-1)
+        values = (h.float() * w.unsqueeze(1)).sum(-1)
         if head.bias is not None:
             values = values + head.bias[tokens].float().unsqueeze(1)
         return values
-    full = head(states).float()  # an unusual head (wrapped, scaled): project fully
-    return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, states.shape[1], 1)).squeeze(-1)
+    full = head(h).float()  # an unusual head (wrapped, scaled): project fully
+    return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, h.shape[1], 1)).squeeze(-1)
+
+
+def output_cache(out):
+    """The KV cache a forward with use_cache returned (transformers 5 names it `cache`)."""
+    cache = out.get("cache")
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def cache_keyword(model) -> str:

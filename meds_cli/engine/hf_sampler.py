@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from meds_cli.core.forward import cache_keyword
+from meds_cli.core.forward import cache_keyword, output_cache
 from meds_cli.engine.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings
 
@@ -140,9 +140,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
     keyword = cache_keyword(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.get("cache")
-    if cache is None:  # transformers before the rename
-        cache = out.past_key_values
+    cache = output_cache(out)
     rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([r.n for r in requests])).to(device)
     if len(rows) != len(requests) or not torch.equal(rows, torch.arange(len(requests), device=device)):
         cache.batch_select_indices(rows)  # the prompt's keys and values, copied to each of its samples

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from meds_cli.core.forward import LensProbe, decoder_layers, output_head, token_logits
+from meds_cli.core.forward import LensProbe, decoder_layers, lens_token_logits, output_head
 
 
 def can_record_lens(model) -> bool:
@@ -90,11 +90,9 @@ class LensRecorder:
 
     def values(self, tokens: torch.Tensor) -> torch.Tensor:
         """[rows, len(layers)] fp32 logit of `tokens` at each probe layer, from the last forward."""
-        states = []
         self._paused = True
         try:
-            for n, state in zip(self.probe.layers, self.latest):
-                states.append(self.norm(state) if self.probe.final_norm and n != self._last else state)
-            return token_logits(torch.stack(states, dim=1), tokens, self.head)
+            return lens_token_logits(self.latest, list(self.probe.layers), self._last, tokens, self.head,
+                                     self.norm if self.probe.final_norm else None)
         finally:
             self._paused = False

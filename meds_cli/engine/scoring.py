@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from meds_cli.core.forward import ForwardView, cache_keyword, output_head
+from meds_cli.core.forward import ForwardView, cache_keyword, output_cache, output_head
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 
@@ -111,9 +111,11 @@ def _final_states(model, *, output_hidden_states: bool, **inputs):
 def _shared_prompt_states(model, input_ids, attention_mask, prompt_width: int):
     """The final hidden states at the positions predicting the response [b, R, H], each distinct
     prompt run once; None where nothing is shared or the model's cache cannot be copied by row."""
+    if prompt_width == 0:
+        return None
     prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
     distinct, row_of = torch.unique(prompt, dim=0, return_inverse=True)
-    if len(distinct) == len(prompt) or prompt_width == 0:
+    if len(distinct) == len(prompt):
         return None
     prompt_ids, prompt_mask = distinct[:, :prompt_width], distinct[:, prompt_width:]
     # The prompt through the bare module: under DDP only the call below goes through the wrapper,
@@ -121,9 +123,7 @@ def _shared_prompt_states(model, input_ids, attention_mask, prompt_width: int):
     inner = getattr(model, "module", model)
     out, prompt_last = _final_states(inner, output_hidden_states=False, input_ids=prompt_ids, attention_mask=prompt_mask,
                                      position_ids=position_ids_for(prompt_mask), use_cache=True)
-    cache = out.get("cache")
-    if cache is None:
-        cache = out.past_key_values
+    cache = output_cache(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
     cache.batch_select_indices(row_of)

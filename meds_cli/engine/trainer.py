@@ -75,6 +75,7 @@ class Trainer:
         model = apply_lora(model, cfg.model.lora)
         policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
         self.model, self.optimizer, self.sharded = policy.model, policy.optimizer, policy.sharded
+        self.share_prompts = shares_prompts(cfg.train, self.sharded)  # forwards run each prompt once
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
         optim = cfg.optim
@@ -154,7 +155,7 @@ class Trainer:
                            chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
                            observe=lambda view: algo.observe_forward(batch, view),
                            disable_adapter=reference_context(model) if algo.uses_reference else None,
-                           tokenizer=self.tokenizer, share_prompts=shares_prompts(cfg.train, self.sharded))
+                           tokenizer=self.tokenizer, share_prompts=self.share_prompts)
         timing["time_score_s"] += time.perf_counter() - t0
 
     def _any_process(self, flag: bool) -> bool:

@@ -24,7 +24,7 @@ from meds_cli.engine import sharding
 from meds_cli.engine.importance import is_correction_weights
 from meds_cli.engine.metrics import mean_of
 from meds_cli.engine.precision import low_precision_training_warning
-from meds_cli.engine.scoring import policy_forward, scoring_temperature, shares_prompts
+from meds_cli.engine.scoring import policy_forward, scoring_temperature
 
 
 @dataclass
@@ -117,7 +117,7 @@ def update_policy(trainer, batch: Rollouts) -> dict:
                             batch.prompt_width, batch.response_ids[chunk].to(device), temperature=temperature,
                             response_mask=batch.response_mask[chunk].to(device),
                             chunk_tokens=cfg.train.logprob_chunk_tokens, with_entropy=own_old,
-                            share_prompts=shares_prompts(cfg.train, trainer.sharded))
+                            share_prompts=trainer.share_prompts)
                     if own_old:
                         old = logp.detach()
                         batch.entropy[chunk] = entropy.cpu()
