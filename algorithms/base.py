@@ -64,7 +64,7 @@ class GRPOConfig:
 @dataclass(frozen=True)
 class AlgorithmContext:
     """What an algorithm may know of the run besides its own config section; the engine builds it
-    (meds_cli/engine/algorithm_setup.py)."""
+    (meds_cli/engine/training/algorithm_setup.py)."""
 
     reward_correct: float  # reward of a correct response
     reward_wrong: float  # reward of a wrong one

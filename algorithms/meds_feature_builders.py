@@ -16,7 +16,7 @@ are one answer to "which responses repeat the same mistake"; an ablation compare
 Every builder runs inside MEDS.observe_forward, once per micro-batch of the scoring pass, and
 returns the features of rows start..stop of the batch as a float32 CPU tensor [b, D]. The
 logit-lens builders can instead read the values the `hf` rollout engine recorded while it sampled
-(`from_lens`, meds_cli/engine/lens_probe.py): the same numbers without a second forward pass.
+(`from_lens`, meds_cli/engine/rollout/lens_probe.py): the same numbers without a second forward pass.
 """
 
 from __future__ import annotations

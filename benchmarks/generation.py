@@ -1,7 +1,7 @@
 """What the eval harness asks of a generation backend: requests in, responses out.
 
 The backends themselves (HF generate, vLLM) load models, so they live in the engine
-(meds_cli/engine/eval_backends.py); the harness only knows this interface.
+(meds_cli/engine/rollout/eval_backends.py); the harness only knows this interface.
 """
 
 from __future__ import annotations

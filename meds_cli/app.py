@@ -126,7 +126,7 @@ def cluster_inspect_cmd(
 
     try:
         if run_dir is None:
-            from meds_cli.engine.runs import newest_run
+            from meds_cli.engine.run_folders.run_dir import newest_run
 
             run_dir = newest_run("runs")
             err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)

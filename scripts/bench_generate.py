@@ -9,7 +9,7 @@ probes run here first (a large tensor sum, a large fp32 matmul) with the same th
 Two samplers run interleaved, round after round, so a busy machine slows both alike:
   - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
     rollouts were drawn before the `hf` engine);
-  - `engine`: the `hf` rollout engine (meds_cli/engine/hf_sampler.py).
+  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py).
 Response lengths are forced (min_new_tokens = max_new_tokens) so both do the same work.
 
     python scripts/bench_generate.py [--sizes 8,32,64] [--new-tokens 48] [--rounds 3] [--threads N]
@@ -81,10 +81,10 @@ def main() -> None:
 
     from benchmarks.tasks import build_task
     from meds_cli.engine.config import LoraConfig, TaskConfig
-    from meds_cli.engine.hf_sampler import HFEngine
-    from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
+    from meds_cli.engine.rollout.hf_sampler import HFEngine
+    from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
     from meds_cli.core.cpu_budget import configure_torch_threads
-    from meds_cli.engine.model import apply_lora, load_model_and_tokenizer
+    from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

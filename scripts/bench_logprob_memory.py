@@ -75,7 +75,7 @@ def measure(variant: str, batch: int, length: int, vocab: int, hidden_size: int,
 
     import torch
 
-    from meds_cli.engine.logprobs import token_logprobs_and_entropy
+    from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
 
     torch.manual_seed(0)
     head = torch.nn.Linear(hidden_size, vocab, bias=False)

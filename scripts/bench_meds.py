@@ -115,7 +115,7 @@ def sampling_ab(trainer, repeats: int) -> tuple[float, float]:
     responses); interleaved so that load hits both alike."""
     import torch
 
-    from meds_cli.engine.rollout import sample_rollouts, sampling_settings
+    from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings
 
     cfg, model = trainer.cfg, trainer.unwrapped
     problems = [trainer.task.train[i] for i in range(cfg.rollout.prompts_per_step)]

@@ -27,7 +27,7 @@ def synthetic_step(rng, prompts: int, group: int, layers: int, modes: np.ndarray
     """A Rollouts of `prompts` groups with features around each prompt's modes, and verdicts."""
     from algorithms.meds import FEATURES
     from meds_cli.core.records import Problem, Verdict
-    from meds_cli.engine.rollout import Rollouts
+    from meds_cli.engine.rollout.batch import Rollouts
 
     size = prompts * group
     which = rng.integers(0, modes.shape[1], size=size)
@@ -61,7 +61,7 @@ def fill_memory(algorithm, rng, prompts: int, entries: int, layers: int, modes: 
 def time_steps(workers: int, args) -> tuple[list[float], list[float], list[torch.Tensor]]:
     """Wall and CPU seconds (of this process) of shape_rewards + on_step_end per step, and the
     cluster sizes of every step."""
-    from meds_cli.engine.algorithm_setup import build_algorithm
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from algorithms.meds import CLUSTER_SIZE
     from meds_cli.engine.config import load_config
 

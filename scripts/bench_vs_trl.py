@@ -49,7 +49,7 @@ def meds_prompts(prompts: int):
 
     try:
         from meds_cli.engine.config import TaskConfig
-        from meds_cli.engine.model import load_model_and_tokenizer
+        from meds_cli.engine.model_io.model import load_model_and_tokenizer
     except ImportError:  # the layout before meds_cli/engine
         from meds_cli.config import TaskConfig
         from meds_cli.model import load_model_and_tokenizer
@@ -128,7 +128,7 @@ def run_meds(shape, steps: int) -> list[tuple[float, float]]:
 
 
 def _drop_stop_ids():
-    for name in ("meds_cli.engine.rollout", "meds_cli.rollout"):
+    for name in ("meds_cli.engine.rollout.batch", "meds_cli.engine.rollout", "meds_cli.rollout"):
         try:
             module = __import__(name, fromlist=["_eos_ids"])
         except ImportError:

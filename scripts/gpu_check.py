@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     from meds_cli.engine.config import load_config
-    from meds_cli.engine.model import EMBEDDED, load_tokenizer, resolve_model
+    from meds_cli.engine.model_io.model import EMBEDDED, load_tokenizer, resolve_model
     from meds_cli.engine.trainer import Trainer
 
     device = "cpu" if args.tiny else "cuda"

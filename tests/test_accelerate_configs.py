@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from meds_cli.engine.sharding import SHARDINGS, check_distributed_setup
+from meds_cli.engine.training.sharding import SHARDINGS, check_distributed_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {  # file: (distributed type, processes, machines, the train.sharding values it names)

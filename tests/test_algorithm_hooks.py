@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from algorithms import ALGORITHMS
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from meds_cli.core.errors import UserError
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts

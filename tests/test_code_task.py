@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from benchmarks.tasks import build_task
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import load_config
-from meds_cli.engine.model import check_lora_rank
+from meds_cli.engine.model_io.model import check_lora_rank
 from tests.conftest import TINY_COPY
 
 

@@ -102,7 +102,7 @@ def test_a_hub_dataset_that_cannot_load_is_one_line(monkeypatch):
 
 
 def test_long_prompts_are_left_out_and_counted():
-    from meds_cli.engine.tiny import tiny_tokenizer
+    from meds_cli.engine.model_io.tiny import tiny_tokenizer
 
     problems = [Problem(str(i), "1" * length, "1") for i, length in enumerate([3, 8, 5, 12])]
     kept, skipped = drop_long_prompts(problems, lambda p: p.question + "=", tiny_tokenizer(), 6)

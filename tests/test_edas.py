@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.edas import (diversity_delta, edas_advantages, error_classes, error_entropy_terms,
                              sign_keeping_clip, warmup_factor)
 from meds_cli.core.records import Problem, Verdict

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from meds_cli.engine.config import load_config
-from meds_cli.engine.runs import list_checkpoints
+from meds_cli.engine.run_folders.run_dir import list_checkpoints
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import needs_embedded
 

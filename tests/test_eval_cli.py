@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from meds_cli.engine import eval_backends
-from meds_cli.engine.eval_backends import ModelSpec, apply_checkpoint
+from meds_cli.engine.rollout import eval_backends
+from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
 from benchmarks.passk import maj_at_k, pass_at_k
 from benchmarks.answer_extraction import answer_key
 from meds_cli.app import app
@@ -187,7 +187,7 @@ def test_eval_of_a_trained_run(tmp_path, data_dir):
 def test_full_weights_checkpoint(tmp_path):
     from safetensors.torch import save_file
 
-    from meds_cli.engine.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
     model, _ = tiny_model_and_tokenizer()
     name = "lm_head.weight"

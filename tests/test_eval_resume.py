@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from benchmarks.harness import SAMPLES_FILE, evaluate, problem_seed, whole_draws
 from meds_cli.app import app
-from meds_cli.engine import eval_backends
+from meds_cli.engine.rollout import eval_backends
 from tests.test_eval_harness import FakeBackend, settings, toy_suite
 
 

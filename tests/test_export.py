@@ -51,7 +51,7 @@ def lora_run(tmp_path_factory):
 
 
 def _base_logits(tokenizer):
-    from meds_cli.engine.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
     return _logits(tiny_model_and_tokenizer()[0], tokenizer)
 
@@ -111,7 +111,7 @@ def test_the_model_card_carries_algorithm_config_and_evals(lora_run, tmp_path):
 
 
 def test_the_tokenizer_keeps_its_chat_template(lora_run, tmp_path, monkeypatch):
-    import meds_cli.engine.tiny as tiny
+    import meds_cli.engine.model_io.tiny as tiny
 
     template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
     plain = tiny.tiny_tokenizer
@@ -187,7 +187,7 @@ def test_push_to_hub_failures_are_one_line(tmp_path, monkeypatch):
 
 def test_the_base_is_named_by_hub_id_or_own_folder(tmp_path):
     from meds_cli.engine.export import describe_base
-    from meds_cli.engine.model import model_aliases
+    from meds_cli.engine.model_io.model import model_aliases
 
     alias, hub_id = next(iter(model_aliases().items()))
     assert describe_base(alias) == (hub_id, None)
@@ -198,7 +198,7 @@ def test_the_base_is_named_by_hub_id_or_own_folder(tmp_path):
 
 
 def test_an_adapter_card_names_its_hub_base_and_tells_vllm_users_what_to_do():
-    from meds_cli.engine.model_card import CardInfo, model_card
+    from meds_cli.engine.model_io.model_card import CardInfo, model_card
 
     config = {"algo": {"name": "meds", "base": "dapo"}, "meds": {"alpha": 0.1}, "dapo": {"clip_high": 0.28},
               "task": {"name": "math", "prompt_style": "chat"}, "train": {"steps": 50}}

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from meds_cli.app import app
-from meds_cli.engine import checkpoints as checkpoints_module
-from meds_cli.engine import runs
-from meds_cli.engine.checkpoint_store import all_steps, checkpoint_path, write_manifest
-from meds_cli.engine.resume import RESUMES_FILE
-from meds_cli.engine.state_codec import load_state
+from meds_cli.engine.run_folders import checkpoints as checkpoints_module
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_path, write_manifest
+from meds_cli.engine.run_folders.resume import RESUMES_FILE
+from meds_cli.engine.run_folders.state_codec import load_state
 from tests.hostile import plant
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from meds_cli.app import app
-from meds_cli.engine import runs
-from meds_cli.engine.checkpoint_store import checkpoint_path, checkpoint_step, find_usable_checkpoint
-from meds_cli.engine.state_codec import load_state
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.checkpoint_store import checkpoint_path, checkpoint_step, find_usable_checkpoint
+from meds_cli.engine.run_folders.state_codec import load_state
 from meds_cli.engine.trainer import TIMING_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent

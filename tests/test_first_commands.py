@@ -14,9 +14,9 @@ from benchmarks.generation import Generated
 from meds_cli.app import app
 from meds_cli.commands.eval import choose_prompt, prompt_warning
 from meds_cli.core.errors import UserError
-from meds_cli.engine import eval_backends
+from meds_cli.engine.rollout import eval_backends
 from meds_cli.engine.config import dump_yaml
-from meds_cli.engine.runs import newest_run
+from meds_cli.engine.run_folders.run_dir import newest_run
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -91,7 +91,7 @@ def test_eval_with_nothing_named_evaluates_the_newest_run_with_its_own_prompt(tm
 
 
 def test_a_bare_model_with_a_chat_template_is_prompted_through_it(tmp_path, data_dir, monkeypatch):
-    from meds_cli.engine.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
     model, tokenizer = tiny_model_and_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}user: {{ m['content'] }}{% endfor %} answer:"

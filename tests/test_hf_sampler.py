@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from meds_cli.engine.hf_sampler import HFEngine, _nucleus, batches_of, choose_tokens, merged_lora, row_uniforms
-from meds_cli.engine.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
+from meds_cli.engine.rollout.hf_sampler import HFEngine, _nucleus, batches_of, choose_tokens, merged_lora, row_uniforms
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
 from tests.tiny_policy import lora_policy
 
 PROBS = [0.1, 0.2, 0.3, 0.4]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from meds_cli.engine.importance import is_correction_weights, mismatch_metrics, tis_weights
+from meds_cli.engine.training.importance import is_correction_weights, mismatch_metrics, tis_weights
 
 
 def test_tis_weights_are_the_capped_probability_ratio():

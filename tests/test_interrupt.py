@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from meds_cli.engine.runs import MetricsLog, list_checkpoints
+from meds_cli.engine.run_folders.run_dir import MetricsLog, list_checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,6 +6,11 @@
 4. meds_cli.app and meds_cli.commands: may import everything; nothing below imports them.
 Every import counts, at module level and inside functions, and no two files import each other
 in a cycle (an import inside a function does not break a cycle, it only hides it).
+
+Inside the engine, the rooms (meds_cli/engine/__init__.py) import one way: model_io imports no
+room, training imports model_io, rollout imports model_io, run_folders and config, run_folders
+imports training and config; config reads the rooms' constants; the trainer and export join
+the rooms, and nothing in a room imports them.
 """
 
 from __future__ import annotations
@@ -83,6 +88,33 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                   for src, targets in graph.items() for dst in targets if layer(dst) not in ALLOWED[layer(src)])
 
 
+ROOMS = ("model_io", "rollout", "training", "run_folders")
+
+
+def room(module: str) -> str | None:
+    """The engine room a module belongs to; "config" for the run config; "top" for the modules
+    that join the rooms (trainer, export, the package itself); None outside the engine."""
+    if not module.startswith("meds_cli.engine"):
+        return None
+    parts = module.split(".")
+    if len(parts) > 2 and parts[2] in ROOMS:
+        return parts[2]
+    return "config" if module == "meds_cli.engine.config" else "top"
+
+
+ROOM_ALLOWED = {"model_io": {"model_io"}, "training": {"training", "model_io"},
+                "rollout": {"rollout", "model_io", "run_folders", "config"},
+                "run_folders": {"run_folders", "training", "model_io", "config"},
+                "config": {"config", "training", "run_folders", "model_io"},
+                "top": {"top", "config", *ROOMS}}
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{src} ({room(src)}) imports {dst} ({room(dst)})"
+                  for src, targets in graph.items() if room(src) for dst in targets
+                  if room(dst) and room(dst) not in ROOM_ALLOWED[room(src)])
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
@@ -120,8 +152,28 @@ def graph():
 
 
 def test_every_import_follows_the_layers(graph):
-    assert graph["meds_cli.engine.update"] >= {"algorithms.policy_loss", "meds_cli.engine.sharding"}  # the parser sees imports
+    assert graph["meds_cli.engine.training.update"] >= {"algorithms.policy_loss", "meds_cli.engine.training.sharding"}  # the parser sees imports
     assert violations(graph) == []
+
+
+def test_engine_rooms_import_one_way(graph):
+    assert graph["meds_cli.engine.run_folders.checkpoints"] >= {"meds_cli.engine.training.sharding"}
+    assert room_violations(graph) == []
+    for name in ROOMS:  # each room says what it owns and who may import it
+        doc = ast.get_docstring(ast.parse((ROOT / "meds_cli/engine" / name / "__init__.py").read_text()))
+        assert doc and "import" in doc
+
+
+def test_the_room_check_catches_a_wrong_way_import(graph):
+    bad = {k: set(v) for k, v in graph.items()}
+    bad["meds_cli.engine.training.update"].add("meds_cli.engine.rollout.hf_sampler")
+    bad["meds_cli.engine.model_io.model"].add("meds_cli.engine.config")
+    bad["meds_cli.engine.run_folders.checkpoints"].add("meds_cli.engine.trainer")
+    assert room_violations(bad) == [
+        "meds_cli.engine.model_io.model (model_io) imports meds_cli.engine.config (config)",
+        "meds_cli.engine.run_folders.checkpoints (run_folders) imports meds_cli.engine.trainer (top)",
+        "meds_cli.engine.training.update (training) imports meds_cli.engine.rollout.hf_sampler (rollout)",
+    ]
 
 
 def test_no_import_cycles(graph):
@@ -131,10 +183,10 @@ def test_no_import_cycles(graph):
 def test_the_checks_catch_a_bad_import(graph):
     bad = {k: set(v) for k, v in graph.items()}
     bad["meds_cli.core.records"].add("meds_cli.engine.config")
-    bad["algorithms.dapo"].add("meds_cli.engine.rollout")
+    bad["algorithms.dapo"].add("meds_cli.engine.rollout.batch")
     bad["meds_cli.engine.trainer"].add("meds_cli.commands.train")
     assert violations(bad) == [
-        "algorithms.dapo (plugins) imports meds_cli.engine.rollout (engine)",
+        "algorithms.dapo (plugins) imports meds_cli.engine.rollout.batch (engine)",
         "meds_cli.core.records (core) imports meds_cli.engine.config (engine)",
         "meds_cli.engine.trainer (engine) imports meds_cli.commands.train (cli)",
     ]
@@ -143,5 +195,5 @@ def test_the_checks_catch_a_bad_import(graph):
 
 
 def test_a_lazy_import_inside_a_function_counts():
-    tree = ast.parse("def f():\n    from meds_cli.engine.model import load_tokenizer\n")
-    assert "meds_cli.engine.model" in imported_names(tree, "algorithms.x", False)
+    tree = ast.parse("def f():\n    from meds_cli.engine.model_io.model import load_tokenizer\n")
+    assert "meds_cli.engine.model_io.model" in imported_names(tree, "algorithms.x", False)

@@ -1,5 +1,5 @@
 """MEDS's logit-lens features taken from the forwards that sampled the responses
-(meds_cli/engine/lens_probe.py) equal those of a separate scoring pass, and with the `hf`
+(meds_cli/engine/rollout/lens_probe.py) equal those of a separate scoring pass, and with the `hf`
 engine the trainer plans no scoring pass for MEDS on DAPO."""
 
 import pytest
@@ -9,11 +9,11 @@ from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import lens_logits
 from meds_cli.core.forward import LensProbe, output_head
 from meds_cli.core.records import Problem
-from meds_cli.engine.algorithm_setup import build_algorithm
-from meds_cli.engine.hf_sampler import HFEngine
-from meds_cli.engine.rollout import rollouts_from_samples, sample_rollouts
-from meds_cli.engine.sampling_engine import Sample, SamplingSettings, stop_token_ids
-from meds_cli.engine.scoring import position_ids_for, score_rollouts
+from meds_cli.engine.training.algorithm_setup import build_algorithm
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.batch import rollouts_from_samples, sample_rollouts
+from meds_cli.engine.rollout.sampling_engine import Sample, SamplingSettings, stop_token_ids
+from meds_cli.engine.training.scoring import position_ids_for, score_rollouts
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 from tests.tiny_policy import lora_policy

@@ -1,4 +1,4 @@
-"""Chunked log-probs and entropy (meds_cli/engine/logprobs.py): the same numbers and gradients as
+"""Chunked log-probs and entropy (meds_cli/engine/training/logprobs.py): the same numbers and gradients as
 the full-logit computation on a tiny-hidden model with Qwen's 151,936-token vocabulary, at a
 fraction of the peak memory."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from meds_cli.engine.logprobs import token_logprobs_and_entropy
+from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 151936

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
 from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout import rollouts_from_samples
-from meds_cli.engine.sampling_engine import Sample
-from meds_cli.engine.scoring import score_rollouts
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.rollout.batch import rollouts_from_samples
+from meds_cli.engine.rollout.sampling_engine import Sample
+from meds_cli.engine.training.scoring import score_rollouts
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from tests.conftest import tiny_config
 
 

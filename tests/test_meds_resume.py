@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from meds_cli.engine.runs import MetricsLog
+from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 

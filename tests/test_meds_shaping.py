@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from algorithms import ALGORITHMS
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.dapo import DAPO
 from algorithms.grpo import GRPO
 from algorithms.meds import CLUSTER_SIZE, FEATURES, PENALTY

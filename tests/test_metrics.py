@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from meds_cli.engine.metrics import distinct_answers, rollout_metrics
+from meds_cli.engine.training.metrics import distinct_answers, rollout_metrics
 from tests.rollout_factory import make_rollouts
 
 

@@ -7,9 +7,9 @@ import torch
 
 from meds_cli.engine.config import LoraConfig
 from meds_cli.core.errors import UserError
-from meds_cli.engine.model import (apply_lora, load_model_and_tokenizer, model_aliases, reference_context,
+from meds_cli.engine.model_io.model import (apply_lora, load_model_and_tokenizer, model_aliases, reference_context,
                             resolve_model)
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.core.forward import output_head
 from tests.conftest import needs_embedded
 

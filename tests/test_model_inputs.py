@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
-from meds_cli.engine.model import load_model_and_tokenizer, precheck_model
+from meds_cli.engine.model_io.model import load_model_and_tokenizer, precheck_model
 
 
 def one_error_line(result) -> str:

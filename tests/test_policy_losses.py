@@ -9,7 +9,7 @@ from algorithms.base import GRPOConfig
 from algorithms.policy_loss import (POLICY_LOSSES, add_kl_penalty, clipped_surrogate, kl_cov_loss)
 from meds_cli.core.errors import UserError
 from meds_cli.core.rollouts import group_slices
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config
 
 LOGP = torch.tensor([[-1.0, -0.5, -2.0], [-0.2, -1.5, -0.7]])

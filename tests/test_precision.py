@@ -1,10 +1,10 @@
-"""Mixed precision (meds_cli/engine/precision.py): the config's value wins when set, then the
+"""Mixed precision (meds_cli/engine/training/precision.py): the config's value wins when set, then the
 launch's, then bf16 on a GPU; training low-precision parameters is warned about."""
 
 import pytest
 import torch
 
-from meds_cli.engine.precision import low_precision_training_warning, resolve_mixed_precision
+from meds_cli.engine.training.precision import low_precision_training_warning, resolve_mixed_precision
 
 
 @pytest.mark.parametrize("setting, environ, gpu_bf16, expected", [

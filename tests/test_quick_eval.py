@@ -1,6 +1,6 @@
 """eval.every: a quick greedy eval on the task's held-out problems lands in metrics.jsonl."""
 
-from meds_cli.engine.runs import MetricsLog
+from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 

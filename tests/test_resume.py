@@ -5,7 +5,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from meds_cli.engine.runs import MetricsLog, list_checkpoints
+from meds_cli.engine.run_folders.run_dir import MetricsLog, list_checkpoints
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 

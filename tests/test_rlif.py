@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from meds_cli.engine.algorithm_setup import build_algorithm
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.policy_loss import kl_cov_loss, kl_cov_select
 from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages,
                                          read_answer, self_certainty)

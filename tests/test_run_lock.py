@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from meds_cli.engine.run_lock import LOCK_NAME, RunLock, holder_is_gone, process_start_time
+from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock, holder_is_gone, process_start_time
 from meds_cli.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = """
 import sys, time
-from meds_cli.engine.run_lock import RunLock
+from meds_cli.engine.run_folders.run_lock import RunLock
 lock = RunLock(sys.argv[1], use_flock=sys.argv[2] == "flock").acquire()
 print("held", flush=True)
 time.sleep(120)
@@ -89,7 +89,7 @@ def test_flock_on_a_file_unlinked_meanwhile_is_retried(tmp_path, monkeypatch):
     then must notice and lock the file that is there now, or two processes would both hold."""
     import fcntl
 
-    from meds_cli.engine import run_lock
+    from meds_cli.engine.run_folders import run_lock
 
     run = tmp_path / "run"
     run.mkdir()
@@ -114,7 +114,7 @@ def test_flock_on_a_file_unlinked_meanwhile_is_retried(tmp_path, monkeypatch):
 
 def test_a_lock_is_released_when_its_process_exits_normally(tmp_path):
     run = tmp_path / "run"
-    code = f"from meds_cli.engine.run_lock import RunLock\nRunLock({str(run)!r}).acquire()\n"
+    code = f"from meds_cli.engine.run_folders.run_lock import RunLock\nRunLock({str(run)!r}).acquire()\n"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     start = time.time()
     with RunLock(run):

@@ -5,7 +5,7 @@ import json
 import torch
 
 from meds_cli.core.records import Problem, Verdict
-from meds_cli.engine.samples_log import sample_rows, samples_path, should_log_samples, write_samples
+from meds_cli.engine.run_folders.samples_log import sample_rows, samples_path, should_log_samples, write_samples
 from meds_cli.core.rollouts import Rollouts
 
 

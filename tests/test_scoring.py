@@ -1,4 +1,4 @@
-"""The scoring pass (meds_cli/engine/scoring.py): log-probs of the distribution generate() sampled
+"""The scoring pass (meds_cli/engine/training/scoring.py): log-probs of the distribution generate() sampled
 from (the rollout temperature), which rows get scored, and runs that skip the pass equal runs
 that make it."""
 
@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 from meds_cli.engine.config import LoraConfig
-from meds_cli.engine.model import apply_lora
-from meds_cli.engine.rollout import rollouts_from_samples, sample_responses
-from meds_cli.engine.sampling_engine import Sample, stop_token_ids
-from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model_io.model import apply_lora
+from meds_cli.engine.rollout.batch import rollouts_from_samples, sample_responses
+from meds_cli.engine.rollout.sampling_engine import Sample, stop_token_ids
+from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 
@@ -99,7 +99,7 @@ def test_which_rows_are_scored(needed_by, reference, steps, setting, expected):
 
 @pytest.mark.filterwarnings("ignore:rlif-multireward")
 def test_algorithms_say_when_they_read_the_forward_pass():
-    from meds_cli.engine.algorithm_setup import build_algorithm
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     def needed(*overrides):
         return build_algorithm(tiny_config(*overrides)).forward_view_needed_by()

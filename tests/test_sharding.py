@@ -1,4 +1,4 @@
-"""FSDP2 helpers (meds_cli/engine/sharding.py): which Accelerate setups the loop accepts, where the
+"""FSDP2 helpers (meds_cli/engine/training/sharding.py): which Accelerate setups the loop accepts, where the
 shards go, gathered parameters for generate, global gradient clipping, full-state checkpoints;
 and (slow) two real processes sharded with FSDP2 make the update one process makes, and resume
 from a full-state checkpoint is exact."""
@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from meds_cli.engine.config import LoraConfig
-from meds_cli.engine import sharding
+from meds_cli.engine.training import sharding
 from meds_cli.core.errors import UserError
-from meds_cli.engine.model import apply_lora
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model_io.model import apply_lora
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from tests.cpu_launch import ROOT, launch_cpu
 
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from meds_cli.core.records import Problem
-from meds_cli.engine.rollout import rollouts_from_samples
-from meds_cli.engine.sampling_engine import Sample
-from meds_cli.engine.scoring import policy_forward, score_rollouts
+from meds_cli.engine.rollout.batch import rollouts_from_samples
+from meds_cli.engine.rollout.sampling_engine import Sample
+from meds_cli.engine.training.scoring import policy_forward, score_rollouts
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 from tests.tiny_policy import lora_policy

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from algorithms.meds_memory import Bank, Memory
-from meds_cli.engine.state_codec import (BadStateFile, StateTypeError, decode_state, encode_state, load_state,
+from meds_cli.engine.run_folders.state_codec import (BadStateFile, StateTypeError, decode_state, encode_state, load_state,
                                          save_state, state_files)
 from meds_cli.core.errors import UserError
 from tests.hostile import marker_pickle, plant

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from benchmarks.tasks import build_task
 from meds_cli.app import app
-from meds_cli.engine import trackers
-from meds_cli.engine.algorithm_setup import build_algorithm
-from meds_cli.engine.tiny import tiny_tokenizer
+from meds_cli.engine.run_folders import trackers
+from meds_cli.engine.training.algorithm_setup import build_algorithm
+from meds_cli.engine.model_io.tiny import tiny_tokenizer
 from tests.conftest import TINY_COPY, tiny_config
 from tests.rollout_factory import make_rollouts
 
@@ -165,7 +165,7 @@ def test_the_readme_reward_function_loads_and_scores(tmp_path):
     from pathlib import Path
 
     from meds_cli.core.records import Problem
-    from meds_cli.engine.user_rewards import load_reward_functions, user_reward_channels
+    from meds_cli.engine.training.user_rewards import load_reward_functions, user_reward_channels
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     code = re.search(r"```python\n# rewards.py\n(.*?)```", readme, re.S).group(1)

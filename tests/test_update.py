@@ -1,11 +1,11 @@
-"""The update (meds_cli/engine/update.py): one optimizer step per mini-batch, gradient
+"""The update (meds_cli/engine/training/update.py): one optimizer step per mini-batch, gradient
 checkpointing that recomputes layers without changing the update (LoRA and full weights), and the
 warning for low-precision trainable weights."""
 
 import pytest
 import torch
 
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
 from tests.conftest import tiny_config
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meds_cli.core.records import Problem
-from meds_cli.engine.user_rewards import (add_channels, load_reward_functions, parse_spec, row_fields,
+from meds_cli.engine.training.user_rewards import (add_channels, load_reward_functions, parse_spec, row_fields,
                                           user_reward_channels)
 from meds_cli.core.errors import UserError
 

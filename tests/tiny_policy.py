@@ -3,8 +3,8 @@
 import torch
 
 from meds_cli.engine.config import LoraConfig
-from meds_cli.engine.model import apply_lora
-from meds_cli.engine.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.model_io.model import apply_lora
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
 
 def lora_policy(seed: int, layers: int = 4):

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meds_cli.engine import runs
+from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.config import load_config, read_yaml
 from meds_cli.core.errors import UserError, nearest
 
@@ -160,7 +160,7 @@ def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, see
     base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_config(files, base_sets + ["algo.name=meds"])
     variants = expand(grid, base.algo.base if baseline and grid.baseline else None)
-    from meds_cli.engine.algorithm_setup import build_algorithm
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     for variant in variants:  # every variant's config and algorithm settings are checked before anything trains
         build_algorithm(load_config(files, base_sets + variant_sets(variant)))

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli.engine import runs
+from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.core.errors import UserError
 
 HELDOUT = "heldout"
@@ -77,7 +77,7 @@ def evaluate_variant(run_dir: Path, options: EvalOptions, console=None) -> dict:
 
 def heldout_eval(run_dir: Path, cfg, settings) -> dict:
     from benchmarks.generation import GenerationSettings, Request
-    from meds_cli.engine.eval_backends import HFBackend, ModelSpec, load_hf_policy
+    from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, load_hf_policy
     from benchmarks.harness import average_scores, problem_seed, sample_rows, score_benchmark
     from benchmarks.registry import Benchmark
     from benchmarks.tasks import CodeTask, build_task

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meds_cli.engine import runs
+from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
     ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from meds_cli.engine import runs
-from meds_cli.engine.checkpoints import refuse_pickled
-from meds_cli.engine.state_codec import load_state
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.checkpoints import refuse_pickled
+from meds_cli.engine.run_folders.state_codec import load_state
 from meds_cli.core.errors import UserError, nearest
 
 SAMPLES = 2  # sample responses shown per cluster

@@ -3,7 +3,7 @@
 from rich.console import Console
 from rich.table import Table
 
-from meds_cli.engine.model import EMBEDDED, TINY, model_aliases
+from meds_cli.engine.model_io.model import EMBEDDED, TINY, model_aliases
 
 
 def print_registries() -> None:

@@ -4,7 +4,7 @@ Faults end in one line, with nothing half-written left behind: a folder another 
 in (the run lock), an --output that cannot hold a run, a full disk or a read-only folder, a
 resume that would change what its checkpoint depends on. A resume continues from the newest
 complete checkpoint (or --step N), starts a run that never reached a checkpoint over from
-step 0, and logs what settings it changed (meds_cli/engine/resume.py).
+step 0, and logs what settings it changed (meds_cli/engine/run_folders/resume.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meds_cli.core.errors import UserError, is_storage_error, os_error
-from meds_cli.engine import runs
-from meds_cli.engine.checkpoint_store import find_usable_checkpoint
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config
-from meds_cli.engine.model import check_lora_rank, precheck_model
-from meds_cli.engine.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
-from meds_cli.engine.run_lock import RunLock
+from meds_cli.engine.model_io.model import check_lora_rank, precheck_model
+from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
+from meds_cli.engine.run_folders.run_lock import RunLock
 from meds_cli.core.cpu_budget import configure_torch_threads
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
@@ -68,8 +68,8 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
-    from meds_cli.engine.sharding import close_process_group, make_accelerator
-    from meds_cli.engine.trackers import accelerator_kwargs
+    from meds_cli.engine.training.sharding import close_process_group, make_accelerator
+    from meds_cli.engine.run_folders.trackers import accelerator_kwargs
 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     configure_torch_threads()  # this process's share of the cores (accelerate launch starts several)

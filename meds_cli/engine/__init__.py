@@ -1,3 +1,20 @@
-"""Layer 3, the engine: config assembly, model loading, generation and scoring, the trainer,
-checkpoints, run folders, metrics and the eval backends. Imports the core, algorithms and
-benchmarks; never the command line."""
+"""Layer 3, the engine. Imports the core, algorithms and benchmarks; never the command line.
+
+Four rooms, each a subpackage with one job, and three modules at the top that join them:
+
+  model_io/     load a model and tokenizer (hub, GGUF, tiny), write model cards
+  rollout/      sample responses: the engine registry (`hf`, `vllm`), requests and batches,
+                the eval backends built on the same engines
+  training/     one optimizer step: scoring forwards, log-probs, the policy update, importance
+                weights, precision, sharding and collectives, reward channels, step metrics
+  run_folders/  what a run leaves on disk: the folder and its lock, checkpoints and their codec,
+                resume, samples logs, trackers
+  config.py     the run config (reads the rooms' constants to check values)
+  trainer.py    the training loop: rollout -> rewards -> update -> run folder
+  export.py     a run folder -> a model folder (merged, adapter or full weights)
+
+Direction (tests/test_layers.py): model_io imports no room; training imports model_io;
+rollout imports model_io and run_folders; run_folders imports training (collectives for
+sharded checkpoints); config, trainer and export may import every room, and no room imports
+trainer or export.
+"""

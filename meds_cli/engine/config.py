@@ -26,11 +26,11 @@ from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
-from meds_cli.engine.precision import MIXED_PRECISION
-from meds_cli.engine.scoring import SCORING_SETTINGS
-from meds_cli.engine.sharding import SHARDINGS
-from meds_cli.engine.trackers import parse_report_to
-from meds_cli.engine.user_rewards import planned_channels
+from meds_cli.engine.training.precision import MIXED_PRECISION
+from meds_cli.engine.training.scoring import SCORING_SETTINGS
+from meds_cli.engine.training.sharding import SHARDINGS
+from meds_cli.engine.run_folders.trackers import parse_report_to
+from meds_cli.engine.training.user_rewards import planned_channels
 
 FINITE = Check(math.isfinite, "a finite number")
 FINITE_POSITIVE = Check(lambda v: math.isfinite(v) and v > 0, "a finite number greater than 0")

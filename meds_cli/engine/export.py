@@ -23,11 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli.engine import runs
-from meds_cli.engine.model_card import CardInfo, model_card, read_evals
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
 from meds_cli.core.errors import UserError
 from meds_cli.core.hub import hub_reachable
-from meds_cli.engine.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
+from meds_cli.engine.model_io.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -74,7 +74,7 @@ def describe_base(model_name: str) -> tuple[str | None, str | None]:
 def trained_policy(cfg, checkpoint: Path):
     """(model as trained, tokenizer, whether it is a peft LoRA model): the base model of the
     run's config with the checkpoint applied as `meds eval` applies it, the adapter unmerged."""
-    from meds_cli.engine.eval_backends import ModelSpec, apply_checkpoint
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
     model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora), merge=False)

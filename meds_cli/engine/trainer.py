@@ -22,22 +22,23 @@ import numpy as np
 import torch
 
 from benchmarks.tasks import PromptSampler, build_task
-from meds_cli.engine import checkpoints, runs
-from meds_cli.engine.algorithm_setup import build_algorithm, optimizer_steps_per_batch
+from meds_cli.engine.run_folders import checkpoints
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.core.errors import UserError
 from meds_cli.core.forward import decoder_layers
-from meds_cli.engine.metrics import rollout_metrics, trained_metrics
-from meds_cli.engine.model import apply_lora, load_model_and_tokenizer, reference_context
+from meds_cli.engine.training.metrics import rollout_metrics, trained_metrics
+from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.importance import mismatch_metrics
-from meds_cli.engine.rollout import make_engine, sample_rollouts, sampling_settings
-from meds_cli.engine.samples_log import record_samples, should_log_samples
-from meds_cli.engine.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
-from meds_cli.engine.sharding import check_distributed_setup, gathered_parameters, make_accelerator
-from meds_cli.engine.trackers import RunTracker, accelerator_kwargs
-from meds_cli.engine.update import prepare_policy, update_policy
-from meds_cli.engine.user_rewards import add_channels, load_reward_functions, user_reward_channels
+from meds_cli.engine.training.importance import mismatch_metrics
+from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
+from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
+from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
+from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator
+from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
+from meds_cli.engine.training.update import prepare_policy, update_policy
+from meds_cli.engine.training.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
 
@@ -327,7 +328,7 @@ class Trainer:
 
             Console(stderr=True).print(text)
 
-    # ------------------------------------------------------------ checkpoints (meds_cli/engine/checkpoints.py)
+    # ------------------------------------------------------------ checkpoints (meds_cli/engine/run_folders/checkpoints.py)
 
     def save_checkpoint(self) -> Path:
         return checkpoints.save_checkpoint(self)

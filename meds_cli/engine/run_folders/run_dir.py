@@ -6,8 +6,8 @@ runs/<time>-<algo>-<tag>/
   provenance.json    git commit, package versions, host
   metrics.jsonl      one JSON object per step
   resumes.jsonl      one row per resume: the step and the settings changed
-  checkpoints/step_N/  see meds_cli/engine/checkpoints.py (all data, no pickles; manifest.json last)
-  .lock              held while a process trains in the folder (meds_cli/engine/run_lock.py)
+  checkpoints/step_N/  see meds_cli/engine/run_folders/checkpoints.py (all data, no pickles; manifest.json last)
+  .lock              held while a process trains in the folder (meds_cli/engine/run_folders/run_lock.py)
 A checkpoint is written under a temporary name and renamed, so a kill never leaves half of one.
 """
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError, os_error
 from meds_cli.core.jsonl import append_rows, read_rows, rewrite_rows
-from meds_cli.engine.checkpoint_store import all_steps, checkpoint_path, checkpoint_problem, require_checkpoint
-from meds_cli.engine.run_lock import LOCK_NAME, RunLock
+from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_path, checkpoint_problem, require_checkpoint
+from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock
 
 METRICS_FILE = "metrics.jsonl"
 PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds"]
@@ -118,7 +118,7 @@ def metrics_rows(run_dir: Path) -> list[dict]:
     return MetricsLog(Path(run_dir) / METRICS_FILE).rows()
 
 
-# ---------------------------------------------------------------- checkpoints (meds_cli/engine/checkpoint_store.py)
+# ---------------------------------------------------------------- checkpoints (meds_cli/engine/run_folders/checkpoint_store.py)
 
 
 def list_checkpoints(run_dir: Path) -> list[int]:

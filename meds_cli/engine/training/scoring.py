@@ -18,7 +18,7 @@ import torch
 
 from meds_cli.core.forward import ForwardView, cache_keyword, output_cache, output_head
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
+from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 
 SCORING_SETTINGS = ["auto", "always"]
 

@@ -21,8 +21,8 @@ from typing import Sequence
 import torch
 
 from meds_cli.core.forward import cache_keyword, output_cache
-from meds_cli.engine.lens_probe import LensRecorder, can_record_lens
-from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
 
 
 def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float,

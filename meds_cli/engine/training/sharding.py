@@ -40,7 +40,7 @@ def make_accelerator(train_cfg, **extra):
     `extra` goes to Accelerator as it is (the trackers of train.report_to)."""
     from accelerate import Accelerator
 
-    from meds_cli.engine.precision import resolve_mixed_precision
+    from meds_cli.engine.training.precision import resolve_mixed_precision
 
     return Accelerator(mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision), **extra)
 

@@ -20,11 +20,11 @@ import torch
 
 from algorithms.policy_loss import agg_loss
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine import sharding
-from meds_cli.engine.importance import is_correction_weights
-from meds_cli.engine.metrics import mean_of
-from meds_cli.engine.precision import low_precision_training_warning
-from meds_cli.engine.scoring import policy_forward, scoring_temperature
+from meds_cli.engine.training import sharding
+from meds_cli.engine.training.importance import is_correction_weights
+from meds_cli.engine.training.metrics import mean_of
+from meds_cli.engine.training.precision import low_precision_training_warning
+from meds_cli.engine.training.scoring import policy_forward, scoring_temperature
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Generation of rollouts: samples from the rollout engine (meds_cli/engine/sampling_engine.py:
+"""Generation of rollouts: samples from the rollout engine (meds_cli/engine/rollout/sampling_engine.py:
 `hf` or `vllm`) laid out as a Rollouts batch (meds_cli/core/rollouts.py). The forward pass that
-scores them is in meds_cli/engine/scoring.py.
+scores them is in meds_cli/engine/training/scoring.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from meds_cli.core.errors import UserError
 from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine.hf_sampler import HFEngine
-from meds_cli.engine.sampling_engine import (RolloutEngine, Sample, SampleRequest, SamplingSettings, resolve_engine,
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.sampling_engine import (RolloutEngine, Sample, SampleRequest, SamplingSettings, resolve_engine,
                                              stop_token_ids)
 
 
@@ -25,8 +25,8 @@ def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1,
     """The rollout engine of `rollout.engine` for the training model `model` (unwrapped)."""
     if resolve_engine(cfg.rollout.engine) == "hf":
         return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
-    from meds_cli.engine.model import TINY, resolve_model
-    from meds_cli.engine.vllm_engine import VLLMEngine, tensor_parallel_gather
+    from meds_cli.engine.model_io.model import TINY, resolve_model
+    from meds_cli.engine.rollout.vllm_engine import VLLMEngine, tensor_parallel_gather
 
     if cfg.model.name == TINY:
         raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")

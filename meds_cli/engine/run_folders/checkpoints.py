@@ -2,10 +2,10 @@
 every process's RNG and algorithm state, the prompt sampler's position.
 
 Everything is data: weights in safetensors, the other states through the state codec
-(meds_cli/engine/state_codec.py: safetensors + JSON, read back without unpickling), so a
+(meds_cli/engine/run_folders/state_codec.py: safetensors + JSON, read back without unpickling), so a
 checkpoint can never run code. A checkpoint is written into a temporary folder, finished with a
 manifest of every file's size and checksum, and renamed into place
-(meds_cli/engine/checkpoint_store.py): a kill or a full disk never leaves a half checkpoint
+(meds_cli/engine/run_folders/checkpoint_store.py): a kill or a full disk never leaves a half checkpoint
 that a resume would pick up, and the temporary folder of a failed write is removed.
 
   step_N/weights.safetensors   trainable weights          adapter/   peft adapter (for eval)
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from meds_cli.core.errors import UserError, os_error
-from meds_cli.engine import sharding
-from meds_cli.engine.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
+from meds_cli.engine.training import sharding
+from meds_cli.engine.run_folders.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
                                               temporary_path, write_manifest)
-from meds_cli.engine.state_codec import load_state, read_tensors, save_state
+from meds_cli.engine.run_folders.state_codec import load_state, read_tensors, save_state
 
 WEIGHTS = "weights.safetensors"
 STATE = "state.json"

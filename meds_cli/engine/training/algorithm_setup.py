@@ -8,7 +8,7 @@ import math
 from algorithms import AlgorithmContext, compose_algorithm
 from algorithms.base import Algorithm
 from benchmarks.tasks import Task, build_task
-from meds_cli.engine.user_rewards import planned_channels
+from meds_cli.engine.training.user_rewards import planned_channels
 
 
 def optimizer_steps_per_batch(cfg) -> int:

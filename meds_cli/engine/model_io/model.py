@@ -24,7 +24,7 @@ from meds_cli.core.errors import UserError, nearest
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
-ALIASES_FILE = Path(__file__).resolve().parents[2] / "configs" / "models.yaml"
+ALIASES_FILE = Path(__file__).resolve().parents[3] / "configs" / "models.yaml"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
@@ -191,7 +191,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
     check_dtype(dtype, "model.dtype")
     if name == TINY:
-        from meds_cli.engine.tiny import tiny_model_and_tokenizer
+        from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
         return tiny_model_and_tokenizer()
     source = resolve_model(name)

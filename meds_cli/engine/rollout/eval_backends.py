@@ -1,5 +1,5 @@
 """Generation backends of `meds eval` (the interface is benchmarks/generation.py): the rollout
-engines the trainer samples with (meds_cli/engine/sampling_engine.py), `hf` everywhere and `vllm`
+engines the trainer samples with (meds_cli/engine/rollout/sampling_engine.py), `hf` everywhere and `vllm`
 where it is installed and a GPU is present, so one code path serves training and eval.
 
 A backend turns requests (prompt, n, seed) into n responses each. The seed belongs to the
@@ -26,12 +26,12 @@ from pathlib import Path
 from benchmarks.generation import Backend, GenerationSettings, Generated, Request
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import VLLMConfig
-from meds_cli.engine.hf_sampler import HFEngine
-from meds_cli.engine.rollout import decode_responses, sample_requests
-from meds_cli.engine.sampling_engine import (ENGINES, RolloutEngine, SamplingSettings, cuda_available,
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.batch import decode_responses, sample_requests
+from meds_cli.engine.rollout.sampling_engine import (ENGINES, RolloutEngine, SamplingSettings, cuda_available,
                                              resolve_engine, stop_token_ids)
-from meds_cli.engine.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
-from meds_cli.engine.state_codec import read_tensors
+from meds_cli.engine.rollout.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
+from meds_cli.engine.run_folders.state_codec import read_tensors
 
 BACKENDS = ENGINES
 
@@ -68,7 +68,7 @@ def _dtype(spec: ModelSpec) -> str:
 
 def load_hf_policy(spec: ModelSpec):
     """(model in eval mode on the best device, tokenizer), with the checkpoint applied."""
-    from meds_cli.engine.model import load_model_and_tokenizer
+    from meds_cli.engine.model_io.model import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
     if spec.checkpoint is not None:
@@ -114,7 +114,7 @@ def apply_checkpoint(model, spec: ModelSpec, merge: bool = True):
         # LoRA weights without the adapter folder: rebuild the adapter the run trained.
         if spec.lora is None:
             raise UserError(f"checkpoint {checkpoint} holds LoRA weights but its run config has no lora section")
-        from meds_cli.engine.model import apply_lora
+        from meds_cli.engine.model_io.model import apply_lora
 
         model = apply_lora(model, spec.lora)
     result = model.load_state_dict(weights, strict=False)
@@ -164,8 +164,8 @@ class VLLMBackend:
     chunk_problems = 64  # large enough to fill the GPU, small enough to save progress often
 
     def __init__(self, spec: ModelSpec, settings: GenerationSettings, api=None):
-        from meds_cli.engine.model import TINY, load_tokenizer, resolve_model
-        from meds_cli.engine.vllm_engine import VLLMEngine
+        from meds_cli.engine.model_io.model import TINY, load_tokenizer, resolve_model
+        from meds_cli.engine.rollout.vllm_engine import VLLMEngine
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
@@ -192,7 +192,7 @@ def _merged_copy(spec: ModelSpec) -> Path:
     checkpoint's weights, for vLLM."""
     import hashlib
 
-    from meds_cli.engine.model import cache_dir, load_model_and_tokenizer
+    from meds_cli.engine.model_io.model import cache_dir, load_model_and_tokenizer
 
     weights = spec.checkpoint / "weights.safetensors"
     key = hashlib.sha256(f"{weights.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:16]

@@ -33,7 +33,7 @@ import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import VLLMConfig
-from meds_cli.engine.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
 
 
 def vllm_api() -> SimpleNamespace:
