@@ -185,9 +185,8 @@ class CodeTask(Task):
     def make_splits(self):
         from pathlib import Path
 
-        from benchmarks.registry import BENCHMARKS
-
         import benchmarks.code_benchmarks  # noqa: F401  (registers the code benchmarks)
+        from benchmarks.registry import BENCHMARKS
 
         data_dir = Path(self.config.path) if self.config.path else None
         problems = BENCHMARKS.get(self.benchmark).load(data_dir, None)

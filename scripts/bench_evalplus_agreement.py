@@ -32,7 +32,11 @@ from benchmarks.code_benchmarks import ensure_expected  # noqa: E402
 from benchmarks.code_expected import expected_for  # noqa: E402
 from benchmarks.code_rows import read_json_lines  # noqa: E402
 from benchmarks.evalplus_agreement import (  # noqa: E402
-    KNOWN_EVALPLUS_BUGS, Candidate, agreement, evalplus_verdicts, seeded_candidates,
+    KNOWN_EVALPLUS_BUGS,
+    Candidate,
+    agreement,
+    evalplus_verdicts,
+    seeded_candidates,
 )  # fmt: skip
 
 LOADERS = {"humanevalplus": code_loaders.load_humanevalplus, "mbppplus": code_loaders.load_mbppplus}

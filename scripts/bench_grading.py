@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import benchmarks.math_benchmarks  # noqa: E402,F401  (registers the benchmarks)
 from benchmarks.answer_extraction import number_literal_value  # noqa: E402
 from benchmarks.math_grading import MathGrader  # noqa: E402
 from benchmarks.registry import BENCHMARKS  # noqa: E402
-import benchmarks.math_benchmarks  # noqa: E402,F401  (registers the benchmarks)
 
 
 def rewrite(gold: str) -> str:

@@ -22,10 +22,10 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 
 from meds_cli.engine.config import LoraConfig
-from meds_cli.engine.training import sharding
-from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.training import sharding
+from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
 from tests.float64 import float64_norms
 
 ROWS, WIDTH, MICRO = 8, 10, 2  # per process: ROWS / world rows, micro-batches of MICRO

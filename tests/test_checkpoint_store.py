@@ -5,10 +5,20 @@ import shutil
 
 import pytest
 
-from meds_cli.engine.run_folders.checkpoint_store import (MANIFEST, all_steps, begin_checkpoint, publish_checkpoint, checkpoint_path, checkpoint_problem,
-                                              find_usable_checkpoint, prune_checkpoints, remove_checkpoint,
-                                              require_checkpoint, write_manifest)
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders.checkpoint_store import (
+    MANIFEST,
+    all_steps,
+    begin_checkpoint,
+    checkpoint_path,
+    checkpoint_problem,
+    find_usable_checkpoint,
+    prune_checkpoints,
+    publish_checkpoint,
+    remove_checkpoint,
+    require_checkpoint,
+    write_manifest,
+)
 
 
 def make_checkpoint(run, step, *, finished=True):

@@ -10,7 +10,6 @@ from benchmarks import code_benchmarks as cb
 from benchmarks import code_loaders
 from benchmarks.code_expected import expected_for
 from benchmarks.registry import BENCHMARKS
-from meds_cli.core.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not (DATA / "humanevalplus").is_dir(), reason="no shared benchmark data")

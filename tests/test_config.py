@@ -2,8 +2,8 @@
 
 import pytest
 
-from meds_cli.engine.config import dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import dump_yaml, load_config, parse_override, read_yaml
 
 
 def write(path, text):

@@ -10,7 +10,13 @@ from benchmarks import code_loaders
 from benchmarks.code_expected import expected_for
 from benchmarks.code_rows import read_json_lines
 from benchmarks.evalplus_agreement import (
-    VARIANTS, Candidate, _wrapped, agreement, evalplus_verdicts, project_verdict, seeded_candidates,
+    VARIANTS,
+    Candidate,
+    _wrapped,
+    agreement,
+    evalplus_verdicts,
+    project_verdict,
+    seeded_candidates,
 )  # fmt: skip
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from meds_cli.engine.config import dump_yaml
-from meds_cli.engine import export as export_module
-from meds_cli.engine.export import check_repo_id, export_run, push_to_hub
 from meds_cli.core.errors import UserError
+from meds_cli.engine import export as export_module
+from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.export import check_repo_id, export_run, push_to_hub
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 

@@ -204,9 +204,9 @@ def test_unboxed_skip_reads_the_text_for_features_without_anchors():
 def test_reference_and_paper_presets_build():
     from pathlib import Path
 
-    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from algorithms.meds_features import resolve_layers
     from meds_cli.engine.config import load_config
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     configs = Path(__file__).resolve().parent.parent / "configs"
     reference = build_algorithm(load_config([str(configs / "meds_reference.yaml")]))

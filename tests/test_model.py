@@ -4,13 +4,18 @@
 import pytest
 import torch
 
-from meds_cli.engine.config import LoraConfig
 from meds_cli.core.errors import UserError
-from meds_cli.engine.model_io.model import (apply_lora, load_model_and_tokenizer, model_aliases, reference_context,
-                            resolve_model)
-from meds_cli.engine.model_io import model as model_module
-from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.core.forward import output_head
+from meds_cli.engine.config import LoraConfig
+from meds_cli.engine.model_io import model as model_module
+from meds_cli.engine.model_io.model import (
+    apply_lora,
+    load_model_and_tokenizer,
+    model_aliases,
+    reference_context,
+    resolve_model,
+)
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from tests.conftest import needs_embedded
 
 

@@ -5,8 +5,8 @@ import json
 import torch
 
 from meds_cli.core.records import Problem, Verdict
-from meds_cli.engine.run_folders.samples_log import sample_rows, samples_path, should_log_samples, write_samples
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.run_folders.samples_log import sample_rows, samples_path, should_log_samples, write_samples
 
 
 def _rollouts(advantages):

@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from meds_cli.engine.config import LoraConfig
-from meds_cli.engine.training import sharding
-from tests.float64 import FLOAT64_RTOL, assert_equal_in_float64
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.training import sharding
 from tests.cpu_launch import ROOT, launch_cpu
+from tests.float64 import FLOAT64_RTOL, assert_equal_in_float64
 
 
 def fake_accelerator(kind: str, accumulation: int = 1, processes: int = 1):

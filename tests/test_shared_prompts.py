@@ -7,8 +7,8 @@ import torch
 from meds_cli.core.records import Problem
 from meds_cli.engine.rollout.batch import rollouts_from_samples
 from meds_cli.engine.rollout.sampling_engine import Sample
-from meds_cli.engine.training.scoring import policy_forward, score_rollouts
 from meds_cli.engine.trainer import Trainer
+from meds_cli.engine.training.scoring import policy_forward, score_rollouts
 from tests.conftest import tiny_config
 from tests.float64 import assert_equal_in_float64, float64_norms
 from tests.tiny_policy import lora_policy

@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from algorithms.meds_memory import Bank, Memory
-from meds_cli.engine.run_folders.state_codec import (BadStateFile, StateTypeError, decode_state, encode_state, load_state,
-                                         save_state, state_files)
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders.state_codec import (
+    BadStateFile,
+    StateTypeError,
+    decode_state,
+    encode_state,
+    load_state,
+    save_state,
+    state_files,
+)
 from tests.hostile import marker_pickle, plant
 
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from benchmarks.tasks import PromptSampler, build_task, grade_integer
-from meds_cli.engine.config import TaskConfig, load_config
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import TaskConfig, load_config
 
 
 def test_arithmetic_splits_are_seeded_and_disjoint():

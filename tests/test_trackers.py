@@ -5,9 +5,15 @@ import importlib.util
 import pytest
 import yaml
 
-from meds_cli.engine.run_folders import trackers
-from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs, flat_hyperparameters, numeric_values, parse_report_to
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders import trackers
+from meds_cli.engine.run_folders.trackers import (
+    RunTracker,
+    accelerator_kwargs,
+    flat_hyperparameters,
+    numeric_values,
+    parse_report_to,
+)
 
 needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                                        reason="needs the tensorboard package (test extra)")

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from benchmarks.tasks import build_task
 from meds_cli.app import app
+from meds_cli.engine.model_io.tiny import tiny_tokenizer
 from meds_cli.engine.run_folders import trackers
 from meds_cli.engine.training.algorithm_setup import build_algorithm
-from meds_cli.engine.model_io.tiny import tiny_tokenizer
 from tests.conftest import TINY_COPY, tiny_config
 from tests.rollout_factory import make_rollouts
 

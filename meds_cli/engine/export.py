@@ -23,11 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli.engine.run_folders import run_dir as runs
-from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
 from meds_cli.core.errors import UserError
 from meds_cli.core.hub import hub_reachable
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
+from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
+from meds_cli.engine.run_folders import run_dir as runs
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
