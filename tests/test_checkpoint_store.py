@@ -74,8 +74,10 @@ def test_resume_takes_the_newest_complete_and_says_what_it_passed_over(tmp_path)
     said = []
     assert find_usable_checkpoint(tmp_path, say=said.append) == checkpoint_path(tmp_path, 4)
     assert said == [
-        f"checkpoint {checkpoint_path(tmp_path, 8)} is unusable (it has no {MANIFEST}, so it was never finished); using step 4",
-        f"checkpoint {checkpoint_path(tmp_path, 6)} is unusable (weights.safetensors is cut short (10 of 1024 bytes)); using step 4",
+        f"checkpoint {checkpoint_path(tmp_path, 8)} is unusable (it has no {MANIFEST}, so it was never finished); "
+        "using step 4",
+        f"checkpoint {checkpoint_path(tmp_path, 6)} is unusable (weights.safetensors is cut short (10 of 1024 bytes)); "
+        "using step 4",
     ]
 
 

@@ -222,7 +222,8 @@ def test_reference_and_paper_presets_build():
     # on the 28-layer Qwen2.5-Math models both read the same 14 layers
     assert resolve_layers(cfg.layers, 28) == resolve_layers(paper.config.layers, 28) == list(range(15, 29))
     # the two presets differ only in their meds section
-    ref_run, paper_run = load_config([str(configs / "meds_reference.yaml")]), load_config([str(configs / "meds_paper.yaml")])
+    ref_run = load_config([str(configs / "meds_reference.yaml")])
+    paper_run = load_config([str(configs / "meds_paper.yaml")])
     assert ref_run.rollout == paper_run.rollout and ref_run.optim == paper_run.optim
     assert ref_run.section("dapo") == paper_run.section("dapo")
 

@@ -15,7 +15,8 @@ def _rollouts(advantages):
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 0, 0]], dtype=torch.float)
     return Rollouts(
         problems=problems, group_size=2,
-        input_ids=torch.zeros(6, 5, dtype=torch.long), attention_mask=torch.ones(6, 5, dtype=torch.long), prompt_width=2,
+        input_ids=torch.zeros(6, 5, dtype=torch.long), attention_mask=torch.ones(6, 5, dtype=torch.long),
+        prompt_width=2,
         response_ids=torch.zeros(6, 3, dtype=torch.long), response_mask=mask,
         response_texts=["6", "so 5", "2", "\\boxed{3}", "0", "1"],
         truncated=torch.tensor([False, True, False, False, False, False]),

@@ -31,7 +31,8 @@ def round_trip(state, tmp_path, name="state"):
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.dtype == b.dtype and a.shape == b.shape
-            and a.reshape(-1).contiguous().view(torch.uint8).tolist() == b.reshape(-1).contiguous().view(torch.uint8).tolist())
+            and a.reshape(-1).contiguous().view(torch.uint8).tolist()
+            == b.reshape(-1).contiguous().view(torch.uint8).tolist())
 
 
 def assert_identical(a, b, where="state"):

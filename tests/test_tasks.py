@@ -85,6 +85,6 @@ def test_math_task_unusable_file_is_one_line(tmp_path, content, message):
     path = tmp_path / "train.json"
     path.write_bytes(content)
     with pytest.raises(UserError) as error:
-        build_task(TaskConfig(name="math", path=str(path)), 0).train  # splits are made on first use
+        _ = build_task(TaskConfig(name="math", path=str(path)), 0).train  # splits are made on first use
     assert message in str(error.value) and str(path) in str(error.value)
     assert "\n" not in str(error.value)

@@ -141,7 +141,8 @@ def test_the_system_prompt_and_template_arguments_reach_the_chat_template(tmp_pa
     task = build_task(cfg.task, 0)
     prompt = task.prompt(task.train[0], tokenizer)
     assert prompt.startswith("[system]Be brief.[user]What is ") and prompt.endswith("(no thinking)")
-    plain = build_task(tiny_config("task.name=arithmetic", "task.prompt_style=boxed", "task.system_prompt=Be brief.").task, 0)
+    plain = build_task(tiny_config("task.name=arithmetic", "task.prompt_style=boxed",
+                                   "task.system_prompt=Be brief.").task, 0)
     assert plain.prompt(plain.train[0], tokenizer).startswith("Be brief.\nWhat is ")
 
 

@@ -77,7 +77,8 @@ def trained_policy(cfg, checkpoint: Path):
     from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
-    model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora), merge=False)
+    model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora),
+                             merge=False)
     model.eval()
     return model, tokenizer, hasattr(model, "peft_config")
 
