@@ -104,6 +104,15 @@ def rloo_estimator(rewards, group_size, token_counts, config):
     return leave_one_out_advantages(rewards, group_size)
 
 
+@register_adv_estimator("reinforce_plus_plus", "REINFORCE++ (outcome reward, gamma 1): r whitened over the batch's "
+                                               "tokens, no group baseline")
+def reinforce_plus_plus_estimator(rewards, group_size, token_counts, config):
+    # With the reward on the last token and gamma 1 (verl's default), every token's return is r.
+    if rewards.numel() == 0:
+        return rewards.float().clone()
+    return token_weighted_whiten(rewards.float(), token_counts)
+
+
 @register_adv_estimator("reinforce_plus_plus_baseline", "REINFORCE++-baseline: r minus the group mean, then "
                                                         "whitened over the batch's tokens")
 def reinforce_plus_plus_baseline_estimator(rewards, group_size, token_counts, config):

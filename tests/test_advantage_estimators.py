@@ -59,6 +59,14 @@ def test_reinforce_plus_plus_baseline_group_of_one_has_no_baseline():
     assert adv.tolist() == pytest.approx([0.707107, -0.707107], abs=1e-5)
 
 
+def test_reinforce_plus_plus_whitens_the_rewards_without_a_group_baseline():
+    # [1, 0, 0, 0], one token each: mean 1/4, unbiased variance (9/16 + 3/16) / 3 = 1/4, std 1/2
+    estimate = ADV_ESTIMATORS.get("reinforce_plus_plus")
+    adv = estimate(torch.tensor([1.0, 0.0, 0.0, 0.0]), 2, ONES, None)
+    assert adv.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-6)
+    assert estimate(torch.tensor([]), 2, torch.tensor([]), None).numel() == 0
+
+
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_the_grpo_estimator_is_group_advantages_with_the_sections_scale(scale):
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
@@ -68,7 +76,7 @@ def test_the_grpo_estimator_is_group_advantages_with_the_sections_scale(scale):
 
 
 def test_registry_holds_verls_names_and_refuses_unknown_ones():
-    assert {"grpo", "rloo", "reinforce_plus_plus_baseline"} <= set(ADV_ESTIMATORS.names())
+    assert {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(ADV_ESTIMATORS.names())
     with pytest.raises(UserError, match="unknown advantage estimator 'rlo'.*did you mean 'rloo'"):
         ADV_ESTIMATORS.get("rlo")
 
