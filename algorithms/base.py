@@ -22,10 +22,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from algorithms.advantages import group_advantages
+from algorithms.advantages import ADV_ESTIMATORS
 from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
 from meds_cli.core.errors import UserError
-from meds_cli.core.fields import Check, at_least, choice, doc, greater_than
+from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require
 from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
 from meds_cli.core.forward import ForwardView, LensProbe
@@ -47,6 +47,7 @@ def register(name: str, description: str):
 
 @dataclass
 class GRPOConfig:
+    adv_estimator: str = choice("grpo", ADV_ESTIMATORS.names(), "advantage estimator (algorithms/advantages.py)")
     scale_rewards: str = choice("group", ["group", "batch", "none"], "divide advantages by the group std, the batch std, or nothing")
     adv_eps: float = doc(1e-6, "epsilon in the advantage denominator", greater_than(0))
     clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low", Check(lambda v: 0 <= v < 1, "in [0, 1)"))
@@ -59,6 +60,11 @@ class GRPOConfig:
     kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
                               Check(lambda v: 0 <= v <= 1, "in [0, 1]"))
     kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens", at_least(0))
+
+    def validate(self, prefix: str) -> None:
+        require(self.adv_estimator == "grpo" or self.scale_rewards == "group",
+                f"{prefix}scale_rewards={self.scale_rewards} applies to {prefix}adv_estimator=grpo only, "
+                f"not {self.adv_estimator}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,8 @@ class Algorithm:
 
     # -- advantages and loss
     def compute_advantages(self, rollouts: Rollouts) -> torch.Tensor:
-        return group_advantages(rollouts.rewards, rollouts.group_size, self.config.scale_rewards, self.config.adv_eps)
+        estimate = ADV_ESTIMATORS.get(self.config.adv_estimator)
+        return estimate(rollouts.rewards, rollouts.group_size, rollouts.response_lengths, self.config)
 
     def loss_mask(self, rollouts: Rollouts) -> torch.Tensor:
         """[B, R] tokens that enter the loss. Default: every response token."""

@@ -40,6 +40,7 @@ EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer
 
 @dataclass
 class RLIFConfig(GRPOConfig):
+    adv_estimator: str = choice("grpo", ["grpo"], "GDPO computes the advantages (compute_advantages below)")
     scale_rewards: str = choice("group", ["group"], "GDPO z-scores each channel within its group")
     extraction: str = choice("auto", EXTRACTIONS, "how final answers are read from responses; auto: from the task")
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "answer clusters: canonical key then grader, or key only")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
@@ -138,15 +139,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 # ---------------------------------------------------------------- plots
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def curves_over_seeds(variants, results: dict[str, dict], key: str) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:

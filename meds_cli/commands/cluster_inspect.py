@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
@@ -121,15 +122,6 @@ def analyse_prompt(pid: str, kinds: dict, settings) -> dict:
 
 
 # ---------------------------------------------------------------- plots
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _colours(labels: np.ndarray):

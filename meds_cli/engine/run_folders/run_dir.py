@@ -27,7 +27,7 @@ from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_p
 from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock
 
 METRICS_FILE = "metrics.jsonl"
-PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds"]
+PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds-rl"]
 
 
 def new_run_dir(root: str, algo: str, tag: str) -> Path:
