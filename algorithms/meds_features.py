@@ -20,10 +20,13 @@ output of decoder layer n. transformers returns entry N after the model's final 
 (Llama, Qwen2, SmolLM2), so layer N's value is exactly the model's own logit of y*;
 `final_norm: true` applies the final norm to the other chosen layers as well (the reference code
 does not). `last_half` is the last N // 2 layers (14 numbers for a 28-layer model: the paper's
-MEDS-14), `last:K` the last K, or an explicit list (negative numbers count from N).
+MEDS-14), `last:K` the last K (all N, with a warning, when K > N: the reference code's slice), or
+an explicit list (negative numbers count from N).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -57,8 +60,10 @@ def resolve_layers(spec, num_layers: int) -> list[int]:
         return list(range(n - max(1, n // 2) + 1, n + 1))
     if isinstance(spec, str):
         k = int(spec[5:])
-        if k > n:
-            raise UserError(f"meds.layers 'last:{k}' asks for more layers than the model has ({n})")
+        if k > n:  # the reference code slices the last K of its per-layer logits: all of them when fewer
+            warnings.warn(f"meds.layers 'last:{k}' asks for more layers than the model has ({n}); using all {n}",
+                          UserWarning, stacklevel=2)
+            k = n
         return list(range(n - k + 1, n + 1))
     layers = []
     for value in spec:

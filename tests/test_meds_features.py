@@ -24,8 +24,8 @@ def test_layer_specs():
     for bad in ["half", "last:0", "last:x", [], [1.5]]:
         with pytest.raises(UserError):
             resolve_layers(bad, 4)
-    with pytest.raises(UserError, match="more layers"):
-        resolve_layers("last:5", 4)
+    with pytest.warns(UserWarning, match="more layers than the model has \\(4\\); using all 4"):
+        assert resolve_layers("last:14", 4) == [1, 2, 3, 4]  # the reference keeps every layer it has
     with pytest.raises(UserError, match="0..4"):
         resolve_layers([5], 4)
 
