@@ -34,7 +34,8 @@ from meds_cli.engine.config import to_dict
 from meds_cli.engine.training.importance import mismatch_metrics, truncation_of_sampler
 from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
-from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
+from meds_cli.engine.training.scoring import (has_active_dropout, score_rollouts, scoring_pass, scoring_temperature,
+                                              shares_prompts)
 from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.update import prepare_policy, update_policy
@@ -94,7 +95,8 @@ class Trainer:
         self.lens_probe = (algo.sampler_probe(len(decoder_layers(self.unwrapped)))
                            if getattr(self.engine, "records_lens", False) else None)
         self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
-                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass,
+                                    deterministic_update=not has_active_dropout(self.unwrapped))
         # The mismatch metrics compare like with like only then (engine/training/importance.py).
         self.sampler_is_full_softmax = truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None
         self.step = 0
