@@ -133,7 +133,10 @@ class Trainer:
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         model.eval()
-        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
+        # Under the update's autocast, as the scoring pass: the lens values the decode loop records
+        # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
+        # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
+        with gathered_parameters(self.sharded), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
