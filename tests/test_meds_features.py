@@ -189,6 +189,17 @@ def test_reference_anchor_on_the_tiny_tokenizer_is_the_token_after_the_brace():
     assert answer_anchor("x\\boxed{", ids[:8], True, tok, "reference") == (7, "truncated")  # brace last: skipped
 
 
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer, read from the embedded GGUF file (the model itself is not needed)."""
+    from transformers import AutoTokenizer
+
+    from meds_cli.engine.model_io.model import embedded_gguf
+
+    gguf = embedded_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 @needs_embedded
 @pytest.mark.slow
 @pytest.mark.parametrize("text, anchored, found_by_reference", [
@@ -198,12 +209,10 @@ def test_reference_anchor_on_the_tiny_tokenizer_is_the_token_after_the_brace():
     ("\\boxed{\\frac{1}{2}}", "{\\", False),  # the brace merged with the backslash of \frac
     ("\\boxed{}", "{}", False),
 ])
-def test_smollm2_anchor_cases_from_the_reference(text, anchored, found_by_reference):
+def test_smollm2_anchor_cases_from_the_reference(smollm2_tokenizer, text, anchored, found_by_reference):
     """The reference code skips the responses where its search of the token ids fails; the project
     rule anchors on the token holding the first character after the brace (issue #23)."""
-    from meds_cli.engine.model_io.model import load_tokenizer, resolve_model
-
-    tok = load_tokenizer(resolve_model("smollm2-135m"))
+    tok = smollm2_tokenizer
     ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
     j, kind = answer_anchor(text, ids, False, tok, "project")
     assert kind == "boxed" and tok.convert_ids_to_tokens(ids[j]) == anchored
