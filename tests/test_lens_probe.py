@@ -16,7 +16,6 @@ from meds_cli.engine.rollout.sampling_engine import Sample, SamplingSettings, st
 from meds_cli.engine.training.scoring import position_ids_for, score_rollouts
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
-from tests.test_scoring import fresh_accelerate_state  # noqa: F401  (a fixture)
 from tests.tiny_policy import lora_policy
 
 PROMPTS = ["12+3=", "7*8=(", "hello", "9"]  # different lengths: left padding in the prefill

@@ -184,16 +184,6 @@ def test_dynamic_sampling_scores_only_the_groups_that_train(tmp_path, monkeypatc
     assert any(row["groups_sampled"] > row["groups_trained"] for row in rows)  # some groups were dropped unscored
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Accelerate keeps one state per process and refuses a second mixed-precision setting."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
-
-
 def test_scoring_runs_in_the_precision_of_the_update(tmp_path, fresh_accelerate_state):
     """Under bf16 autocast the scoring pass computes as the update does: an unchanged policy has
     ratio exactly 1 on its first optimizer step (fp32 scoring against a bf16 update would not)."""
