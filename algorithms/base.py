@@ -182,10 +182,15 @@ class Algorithm:
     def loss_agg(self) -> str:
         return self.config.loss_agg
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
         """Per-token loss [b, R] and stats for one micro-batch: the configured policy loss, plus the
-        k3 KL to the reference policy when this algorithm uses one (the only place it is added)."""
+        k3 KL to the reference policy when this algorithm uses one (the only place it is added).
+        `pg_weights` [b, R] (importance-sampling correction, engine/training/importance.py)
+        multiply the policy loss alone: the KL term is an expectation under the trainer's own
+        policy, not under the sampler's, so it is not reweighted (as in verl)."""
         loss, stats = self.policy_loss(logp, old_logp, advantages, mask, self.config)
+        if pg_weights is not None:
+            loss = loss * pg_weights
         if self.uses_reference and ref_logp is not None:
             loss, stats = add_kl_penalty(loss, stats, logp, ref_logp, mask, self.config.kl_coef)
         return loss, stats
@@ -226,6 +231,12 @@ class OnBase(Algorithm):
     def observe_forward(self, rollouts, view):
         self.base.observe_forward(rollouts, view)
 
+    def sampler_probe(self, num_layers):
+        return self.base.sampler_probe(num_layers)
+
+    def observe_probe(self, rollouts, tokenizer):
+        self.base.observe_probe(rollouts, tokenizer)
+
     def forward_view_needed_by(self):
         needs = {self._own_forward_view_need(OnBase.observe_forward), self.base.forward_view_needed_by()}
         return "rewards" if "rewards" in needs else "shaping" if "shaping" in needs else None
@@ -251,8 +262,8 @@ class OnBase(Algorithm):
     def loss_mask(self, rollouts):
         return self.base.loss_mask(rollouts)
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp)
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
+        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp, pg_weights)
 
     def on_step_end(self, rollouts, step):
         self.base.on_step_end(rollouts, step)

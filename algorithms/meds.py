@@ -33,7 +33,7 @@ import torch
 from algorithms.base import OnBase, register
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
 from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
-from algorithms.meds_features import check_layer_spec, resolve_layers
+from algorithms.meds_features import ANCHOR_RULES, FEATURE_DTYPES, check_layer_spec, resolve_layers, rounded_features
 from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
 from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
@@ -66,6 +66,13 @@ class MEDSConfig:
     alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
     beta: float = doc(0.2, "penalty cap")
     unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code)")
+    anchor: str = choice("project", list(ANCHOR_RULES), "how y*, the first answer token after \\boxed{, is found: "
+                         "project = from the text, whatever token holds the brace; reference = the reference code's "
+                         "search of the token ids (the ids of '\\boxed{', else a token containing 'boxed' and a '{' "
+                         "within 10 tokens; neither: the response counts as unboxed)")
+    feature_dtype: str = choice("float32", list(FEATURE_DTYPES), "precision the logit-lens features are kept in: "
+                                "bfloat16 rounds each value to bf16, as the reference code's lm_head under bf16 "
+                                "autocast does")
     target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
     # Ablations (`meds ablate`); the defaults are the paper's method.
@@ -167,13 +174,14 @@ class MEDS(OnBase):
         """Features (and anchors) of rows start..stop into rollouts.extras."""
         if built.layers is not None:
             self._layers = built.layers
+        values = rounded_features(built.values, self.config.feature_dtype) if self.features.reads_lens else built.values
         extras = rollouts.extras
         if FEATURES not in extras:
-            extras[FEATURES] = torch.zeros(rollouts.size, built.values.shape[1])
+            extras[FEATURES] = torch.zeros(rollouts.size, values.shape[1])
             if built.anchor_index is not None:
                 extras[ANCHOR_INDEX] = torch.zeros(rollouts.size, dtype=torch.long)
                 extras[ANCHOR_KIND] = [""] * rollouts.size
-        extras[FEATURES][start:stop] = built.values
+        extras[FEATURES][start:stop] = values
         if built.anchor_index is not None:
             extras[ANCHOR_INDEX][start:stop] = built.anchor_index
             extras[ANCHOR_KIND][start:stop] = built.anchor_kind

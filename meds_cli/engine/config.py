@@ -26,6 +26,7 @@ from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.precision import MIXED_PRECISION
 from meds_cli.engine.training.scoring import SCORING_SETTINGS
 from meds_cli.engine.training.sharding import SHARDINGS
@@ -136,6 +137,10 @@ class RolloutConfig:
     def validate(self, prefix: str) -> None:
         require(self.min_new_tokens <= self.max_new_tokens,
                 f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
+        truncation = truncation_of_sampler(self.top_p, self.min_new_tokens)
+        require(self.is_correction == "none" or truncation is None,
+                f"{prefix}is_correction={self.is_correction} compares the sampler's log-probs with the full softmax, "
+                f"but {prefix}{truncation}; use is_correction=none, or top_p=1 and min_new_tokens=0")
 
 
 @dataclass

@@ -31,10 +31,11 @@ from meds_cli.engine.training.metrics import rollout_metrics, trained_metrics
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.training.importance import mismatch_metrics
+from meds_cli.engine.training.importance import mismatch_metrics, truncation_of_sampler
 from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
-from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
+from meds_cli.engine.training.scoring import (has_active_dropout, score_rollouts, scoring_pass, scoring_temperature,
+                                              shares_prompts)
 from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.update import prepare_policy, update_policy
@@ -94,7 +95,10 @@ class Trainer:
         self.lens_probe = (algo.sampler_probe(len(decoder_layers(self.unwrapped)))
                            if getattr(self.engine, "records_lens", False) else None)
         self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
-                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass,
+                                    deterministic_update=not has_active_dropout(self.unwrapped))
+        # The mismatch metrics compare like with like only then (engine/training/importance.py).
+        self.sampler_is_full_softmax = truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -129,7 +133,10 @@ class Trainer:
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         model.eval()
-        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
+        # Under the update's autocast, as the scoring pass: the lens values the decode loop records
+        # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
+        # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
+        with gathered_parameters(self.sharded), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
@@ -236,7 +243,7 @@ class Trainer:
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did
-            if batch.sampler_logp is not None:
+            if batch.sampler_logp is not None and self.sampler_is_full_softmax:
                 row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, self.cfg.rollout.tis_cap))
             row.update(trained_metrics(batch))
             self.algorithm.on_step_end(batch, step)

@@ -126,11 +126,10 @@ def update_policy(trainer, batch: Rollouts) -> dict:
                         old = batch.old_logp[chunk].to(device)
                     ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
                     chunk_mask = mask[chunk].to(device)
-                    loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref)
                     sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
+                    # The engine sampled from pi_sampler, not pi_old: the policy-gradient term is reweighted.
                     weights = is_correction_weights(cfg.rollout.is_correction, old, sampler, cfg.rollout.tis_cap)
-                    if weights is not None:  # the engine sampled from pi_sampler, not pi_old
-                        loss_mat = loss_mat * weights
+                    loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref, weights)
                     loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
                                     total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
                     # DDP and FSDP2 average gradients over processes; the normalisers are global already.
