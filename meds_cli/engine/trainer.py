@@ -36,9 +36,9 @@ from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
 from meds_cli.engine.training.scoring import (has_active_dropout, score_rollouts, scoring_pass, scoring_temperature,
                                               shares_prompts)
-from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator
+from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, global_sum, make_accelerator
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
-from meds_cli.engine.training.update import prepare_policy, update_policy
+from meds_cli.engine.training.update import UpdateSettings, prepare_policy, update_policy
 from meds_cli.engine.training.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
@@ -75,14 +75,15 @@ class Trainer:
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self.tracker = RunTracker(self.acc)
         model = apply_lora(model, cfg.model.lora)
-        policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
-        self.model, self.optimizer, self.sharded = policy.model, policy.optimizer, policy.sharded
+        self.policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
         self.share_prompts = shares_prompts(cfg.train, self.sharded)  # forwards run each prompt once
+        self.update_settings = UpdateSettings.from_config(cfg, self.world, self.share_prompts)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
         optim = cfg.optim
         total = cfg.train.steps * optimizer_steps_per_batch(cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
+        self.policy.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
@@ -124,6 +125,12 @@ class Trainer:
     @property
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
+
+    # The policy's parts, as the loop, checkpoints and tests read them (engine/training/update.py).
+    model = property(lambda self: self.policy.model)
+    optimizer = property(lambda self: self.policy.optimizer)
+    sharded = property(lambda self: self.policy.sharded)
+    scheduler = property(lambda self: self.policy.scheduler)
 
     # ------------------------------------------------------------ collecting a batch
 
@@ -220,12 +227,8 @@ class Trainer:
 
     # ------------------------------------------------------------ the update
 
-    def _global_sum(self, value: float) -> float:
-        t = torch.tensor([float(value)], device=self.acc.device)
-        return float(self.acc.reduce(t, reduction="sum").item()) if self.world > 1 else float(value)
-
     def update(self, batch: Rollouts) -> dict:
-        return update_policy(self, batch)  # engine/update.py
+        return update_policy(self.policy, self.algorithm, batch, self.update_settings, self.acc, self.engine)
 
     # ------------------------------------------------------------ one step, the loop
 
@@ -292,10 +295,10 @@ class Trainer:
                 batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
-        total = self._global_sum(len(problems))
+        total = global_sum(self.acc, len(problems))
         if total == 0:
             return {}
-        return {"eval/accuracy": self._global_sum(correct) / total, "eval/problems": int(total),
+        return {"eval/accuracy": global_sum(self.acc, correct) / total, "eval/problems": int(total),
                 "time_eval_s": time.perf_counter() - t0}
 
     def train(self, on_step=None) -> list[dict]:
