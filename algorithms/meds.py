@@ -5,7 +5,7 @@ with `--base grpo`). Departures from the base, each in this file's hooks:
 - observe_probe / observe_forward: logic features of every response, the logit lens at the
   first token of the final answer, one scalar per chosen layer (algorithms/meds_features.py).
   With the `hf` rollout engine they come from the forwards that sampled the responses
-  (sampler_probe: the engine records each token's lens values), so MEDS adds no forward pass to
+  (forward_needs asks the engine to record each token's lens values), so MEDS adds no forward pass to
   its base; with vLLM (no hidden states) from the trainer's scoring pass;
 - shape_rewards: per prompt, HDBSCAN over the prompt's memory plus the current responses; a wrong
   response in a cluster of |C| members loses min(alpha * log(|C| + 1), beta) (algorithms/meds_memory.py);
@@ -39,7 +39,7 @@ from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, 
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc, require
-from meds_cli.core.forward import LensProbe
+from meds_cli.core.forward import ForwardNeeds, LensProbe
 from meds_cli.core.rollouts import Rollouts
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
@@ -121,7 +121,6 @@ class StepState:
 @register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
 class MEDS(OnBase):
     config_class = MEDSConfig
-    reads_forward_view = "shaping"  # features of the responses that train
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)
@@ -133,26 +132,19 @@ class MEDS(OnBase):
         self.workers = resolve_workers(config.cluster_workers)
         self._step: StepState | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
-        self._from_sampler = False  # features from the engine's recorded lens values (sampler_probe)
+        self._from_sampler = False  # features from the engine's recorded lens values (forward_needs)
         self._metrics: dict[str, float] = {}
-
-    @property
-    def wants_hidden_states(self) -> bool:
-        return self.features.needs_hidden_states and not self._from_sampler
-
-    def forward_view_needed_by(self):
-        if self._from_sampler:  # the features come with the samples: only the base may need the pass
-            return self.base.forward_view_needed_by()
-        return super().forward_view_needed_by()
 
     # ------------------------------------------------------------ features
 
-    def sampler_probe(self, num_layers):
-        if not self.features.reads_lens:
-            return None
-        self._layers = resolve_layers(self.config.layers, num_layers)
-        self._from_sampler = True
-        return LensProbe(tuple(self._layers), self.config.final_norm)
+    def forward_needs(self, num_layers, records_lens):
+        base = self.base.forward_needs(num_layers, records_lens)
+        self._from_sampler = self.features.reads_lens and records_lens
+        if self._from_sampler:  # the features come with the samples: only the base may need the pass
+            self._layers = resolve_layers(self.config.layers, num_layers)
+            return base.merged(ForwardNeeds(lens=LensProbe(tuple(self._layers), self.config.final_norm)))
+        # features of the responses that train, read from the scoring pass
+        return base.merged(ForwardNeeds(view="shaping", hidden_states=self.features.needs_hidden_states))
 
     def observe_probe(self, rollouts, tokenizer):
         self.base.observe_probe(rollouts, tokenizer)

@@ -83,8 +83,9 @@ def check_features_from_the_sampler(spec):
     overrides = ("algo.name=meds", f"meds.layers={spec}", "meds.final_norm=true")
     through_pass = build_algorithm(tiny_config(*overrides))
     probed = build_algorithm(tiny_config(*overrides))
-    probe = probed.sampler_probe(num_layers=4)
-    assert probe is not None and not probed.wants_hidden_states
+    needs = probed.forward_needs(num_layers=4, records_lens=True)
+    probe = needs.lens
+    assert probe is not None and not needs.hidden_states
     batch = sampled_batch(model, tokenizer, probe)
     score_rollouts(model, batch, micro_batch_size=5, with_reference=False, wants_hidden_states=True,
                    observe=lambda view: through_pass.observe_forward(batch, view), tokenizer=tokenizer)
@@ -123,7 +124,7 @@ def test_features_are_the_recorded_values_at_the_answer_token():
     problems = [Problem(id="a", question="q", answer="7"), Problem(id="b", question="q", answer="7")]
     batch = rollouts_from_samples(tokenizer, [(0,), (0,)], samples, problems, 1, [])
     algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:2", "rollout.group_size=2"))
-    algo.sampler_probe(num_layers=4)
+    algo.forward_needs(num_layers=4, records_lens=True)
     algo.observe_probe(batch, tokenizer)
     assert batch.extras[ANCHOR_INDEX].tolist() == [9, 2]  # '7' (after 'ab\boxed{'), the last 'z'
     assert batch.extras[ANCHOR_KIND] == ["boxed", "last"]

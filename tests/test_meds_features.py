@@ -114,7 +114,7 @@ def test_features_match_the_model_on_unpadded_sequences(final_norm):
     model, tok, batch = tiny_batch()
     assert batch.attention_mask[0, 0] == 0  # the short prompt really is left-padded
     algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:4", f"meds.final_norm={str(final_norm).lower()}"))
-    score_rollouts(model, batch, micro_batch_size=3, with_reference=False, wants_hidden_states=algo.wants_hidden_states,
+    score_rollouts(model, batch, micro_batch_size=3, with_reference=False, wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
                    observe=lambda view: algo.observe_forward(batch, view), tokenizer=tok)
     feats, index, kinds = batch.extras[FEATURES], batch.extras[ANCHOR_INDEX], batch.extras[ANCHOR_KIND]
     assert feats.shape == (4, 4)
@@ -246,7 +246,7 @@ def test_meds_keeps_bfloat16_features_and_the_reference_preset_asks_for_them():
     samples = [[Sample(list(range(len(text))), stopped=True, lens=lens)]]
     batch = rollouts_from_samples(tokenizer, [(0,)], samples, [Problem(id="a", question="q", answer="7")], 1, [])
     algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:2", "meds.feature_dtype=bfloat16"))
-    algo.sampler_probe(num_layers=4)
+    algo.forward_needs(num_layers=4, records_lens=True)
     algo.observe_probe(batch, tokenizer)
     assert batch.extras[FEATURES].tolist() == [[3.140625, 3.140625]]  # two fp32 values, one bf16 number
     configs = Path(__file__).resolve().parent.parent / "configs"

@@ -123,7 +123,7 @@ def test_algorithms_say_when_they_read_the_forward_pass():
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     def needed(*overrides):
-        return build_algorithm(tiny_config(*overrides)).forward_view_needed_by()
+        return build_algorithm(tiny_config(*overrides)).forward_needs(4, records_lens=False).view
 
     assert needed("algo.name=grpo") is None and needed("algo.name=dapo") is None
     assert needed("algo.name=meds", "algo.base=dapo") == "shaping"
@@ -138,7 +138,7 @@ def test_an_undeclared_observe_forward_is_scored_before_rewards():
         def observe_forward(self, rollouts, view):
             pass
 
-    assert Watches(GRPOConfig(), None).forward_view_needed_by() == "rewards"
+    assert Watches(GRPOConfig(), None).forward_needs(4, records_lens=False).view == "rewards"
 
 
 def learning(rows):

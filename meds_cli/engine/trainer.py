@@ -90,12 +90,16 @@ class Trainer:
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
         self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
                                   processes=self.world, rank=self.rank)
-        # Values the engine records while sampling, in place of the algorithm's reading of the
-        # scoring pass (MEDS's logit lens with the hf engine): asked before the pass is planned.
+        # What the algorithm reads besides the update's forward, asked once: the scoring pass is
+        # planned from it, and lens values the engine records while sampling (MEDS's logit lens
+        # with the hf engine) stand in for the pass where the algorithm asks for them.
         algo = self.algorithm
-        self.lens_probe = (algo.sampler_probe(len(decoder_layers(self.unwrapped)))
-                           if getattr(self.engine, "records_lens", False) else None)
-        self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
+        records_lens = getattr(self.engine, "records_lens", False)
+        self.forward_needs = algo.forward_needs(len(decoder_layers(self.unwrapped)), records_lens)
+        if self.forward_needs.lens is not None and not records_lens:
+            raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")
+        self.lens_probe = self.forward_needs.lens
+        self.scoring = scoring_pass(self.forward_needs.view, uses_reference=algo.uses_reference,
                                     optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass,
                                     deterministic_update=not has_active_dropout(self.unwrapped))
         # The mismatch metrics compare like with like only then (engine/training/importance.py).
@@ -167,7 +171,8 @@ class Trainer:
         with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
             score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
                            temperature=scoring_temperature(cfg.rollout.temperature),
-                           chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
+                           chunk_tokens=cfg.train.logprob_chunk_tokens,
+                           wants_hidden_states=self.forward_needs.hidden_states,
                            observe=lambda view: algo.observe_forward(batch, view),
                            disable_adapter=reference_context(model) if algo.uses_reference else None,
                            tokenizer=self.tokenizer, share_prompts=self.share_prompts)
