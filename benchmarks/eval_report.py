@@ -129,8 +129,9 @@ def load_results(target: Path) -> tuple[str, dict]:
     path = find_results(target)
     try:
         document = json.loads(path.read_text())
-        document["benchmarks"]
-    except (ValueError, KeyError, TypeError):
+        if not all(isinstance(s["pass@k"], dict) and "problems" in s for s in document["benchmarks"].values()):
+            raise TypeError("not a benchmark's scores")  # valid JSON of another shape
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"'{path}' is not a results.json written by meds eval") from None
     return document.get("model") or path.parent.name, document
 

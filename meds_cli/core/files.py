@@ -1,21 +1,40 @@
-"""Writing a file so that a kill or a full disk leaves the old file or the new one, never half."""
+"""Reading the user's files and writing ours so that a kill or a full disk leaves the old file or
+the new one, never half."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from meds_cli.core.errors import UserError, not_text
 
-def replace_text(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path` and rename it over `path` (atomic on one
+
+def replace_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path` and rename it over `path` (atomic on one
     filesystem); the temporary file never outlives a failed write."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
-        with partial.open("w", encoding="utf-8") as f:
-            f.write(text)
+        with partial.open("wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """replace_bytes for UTF-8 text."""
+    replace_bytes(path, text.encode("utf-8"))
+
+
+def read_user_text(path: Path, expected: str) -> str:
+    """The UTF-8 text of a file the user named; a binary file is one line saying what to give
+    instead (`expected`, e.g. 'a YAML config file')."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise not_text(error, path, expected) from None
+    except IsADirectoryError:
+        raise UserError(f"'{path}' is a folder; give {expected}") from None
