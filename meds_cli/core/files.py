@@ -4,6 +4,8 @@ the new one, never half."""
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from meds_cli.core.errors import UserError, not_text
@@ -38,3 +40,19 @@ def read_user_text(path: Path, expected: str) -> str:
         raise not_text(error, path, expected) from None
     except IsADirectoryError:
         raise UserError(f"'{path}' is a folder; give {expected}") from None
+
+
+@contextmanager
+def output_folder(path: Path):
+    """Create the output folder `path` (and its missing parents) for the block's writes; when the
+    block fails, remove what this created, so a failed command leaves the disk as it found it.
+    A folder that existed before is left alone (its new files are whole: see replace_bytes)."""
+    path = Path(path)
+    created = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise

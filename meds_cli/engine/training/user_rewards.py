@@ -140,7 +140,8 @@ def _check_values(values, expected: int, where: str) -> list[float]:
         raise UserError(f"{where} returned {len(values)} values for {expected} responses; it must return one float per response")
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
-            raise UserError(f"{where} returned {value!r} for response {i}; every value must be a finite number")
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."  # 10**400 has 401 digits
+            raise UserError(f"{where} returned {shown} for response {i}; every value must be a finite number")
     return [float(v) for v in values]
 
 
