@@ -132,6 +132,21 @@ def test_every_command_ends_its_failures_in_one_line():
         assert getattr(info.callback, "one_line_errors", False), info.name
 
 
+@pytest.mark.parametrize("part, sets", [("samples", ["train.log_samples_every=1"]),
+                                        ("tensorboard", ["train.report_to=tensorboard"])])
+def test_a_full_disk_under_a_runs_logs_stops_it_resumably(tmp_path, monkeypatch, part, sets):
+    if part == "tensorboard":
+        pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    refuse_writes_under(run / part, errno.ENOSPC, monkeypatch)
+    extra = sum((["--set", s] for s in sets), [])
+    line = one_line(invoke("train", *TINY, *extra, "--steps", 1, "-q", "--output", run))
+    assert line == (f"error: disk full while writing '{run / part}' (No space left on device); the run has no "
+                    f"checkpoint yet, so a resume starts it over from step 0: free some space, then run meds train "
+                    f"--resume {run}")
+    assert (run / "config.yaml").is_file() and not (run / ".lock").exists()
+
+
 # ---------------------------------------------------------------- the user's reward functions
 
 HOSTILE_REWARDS = """
