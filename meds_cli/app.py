@@ -24,11 +24,11 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _one_line_errors(command, doing: str):
+def _one_line_errors(command, doing: str, then: str = ""):
     """`command` (same signature, for Typer) ending every failure a user can cause in one red line:
     a UserError; a full disk, read-only place or file in the way (an OSError, or a library's error
-    raised from one), as 'could not DOING (reason: path); what to do'; a user's file that is not
-    text. Exit code 2, or 130 on Ctrl-C. Anything else is a bug and keeps its traceback."""
+    raised from one), as 'could not DOING (reason: path); what to do[; THEN]'; a user's file that
+    is not text. Exit code 2, or 130 on Ctrl-C. Anything else is a bug and keeps its traceback."""
 
     @functools.wraps(command)
     def run_command(*args, **kwargs):
@@ -45,15 +45,16 @@ def _one_line_errors(command, doing: str):
             failed = storage_error(error)
             if failed is None:
                 raise
-            fail(str(os_error(failed, doing)))
+            fail(str(os_error(failed, doing)) + (f"; {then}" if then else ""))
 
     run_command.one_line_errors = True  # tests/test_hostile_inputs.py checks every command has it
     return run_command
 
 
-def command(name: str, *, doing: str):
-    """Register a `meds` command; every command goes through _one_line_errors."""
-    return lambda function: app.command(name)(_one_line_errors(function, doing))
+def command(name: str, *, doing: str, then: str = ""):
+    """Register a `meds` command; every command goes through _one_line_errors. `then`: how to
+    continue after a storage failure, for commands that can."""
+    return lambda function: app.command(name)(_one_line_errors(function, doing, then))
 
 
 def _version(value: bool):
@@ -92,7 +93,7 @@ def train(
     raise typer.Exit(code)
 
 
-@command("eval", doing="write the eval outputs")
+@command("eval", doing="write the eval outputs", then="then run the same command: it keeps the samples drawn so far")
 def eval_cmd(
     targets: Annotated[Optional[list[Path]], typer.Argument(help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json files.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
@@ -156,7 +157,8 @@ def cluster_inspect_cmd(
     cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
 
 
-@command("ablate", doing="write the ablation folder")
+@command("ablate", doing="write the ablation folder",
+         then="then run the same command with the same --output: it continues where it stopped")
 def ablate(
     config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Base override section.key=value (repeatable).")] = None,

@@ -189,6 +189,10 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def resize(disk: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+
+
 def leave_free(folder: Path, free: int) -> Path:
     """Fill the filesystem of `folder` until `free` bytes are left; returns the filler file."""
     filler = folder / "filler"
@@ -211,3 +215,25 @@ def test_a_disk_that_fills_up_mid_run_stops_it_resumably(small_disk):
     result = invoke("train", "--resume", run, "--steps", 2, "-q")
     assert result.exit_code == 0, result.output
     assert all_steps(run) == [1, 2]
+
+
+def test_a_disk_that_fills_up_mid_eval_keeps_the_samples_for_the_rerun(world, small_disk):
+    resize(small_disk, "8k")  # two pages: the eval's state file and part of its samples
+    rows = [{"problem": f"compute {i}+1", "answer": str(i + 1)} for i in range(12)]
+    (world / "data12" / "math500").mkdir(parents=True, exist_ok=True)
+    (world / "data12" / "math500" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = small_disk / "eval"
+    command = ["eval", world / "run", "--benchmarks", "math500", "--k", "2", "--max-new-tokens", "40", "-q",
+               "--data-dir", world / "data12", "--output", out]
+    line = one_line(invoke(*command))
+    assert line == ("error: could not write the eval outputs (No space left on device); free some space (or choose a "
+                    "place with room); then run the same command: it keeps the samples drawn so far")
+    assert sorted(p.name for p in out.iterdir()) == ["eval_state.json", "samples.jsonl"]  # no half results.json
+    before = (out / "samples.jsonl").read_bytes().splitlines()[:-1]  # the last line may be cut short
+    resize(small_disk, "4m")
+    result = invoke(*command)
+    assert result.exit_code == 0, result.output
+    after = (out / "samples.jsonl").read_bytes().splitlines()
+    # The rerun kept what was drawn (but the last draw's rows, which may be incomplete) and drew the rest.
+    assert len(before) >= 4 and sum(row in after for row in before) >= len(before) - 1
+    assert len(after) == 24 and json.loads((out / "results.json").read_text())["benchmarks"]["math500"]["problems"] == 12

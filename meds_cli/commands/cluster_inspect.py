@@ -14,7 +14,6 @@ the eigen ratio and cluster count over steps from metrics.jsonl) and prints a ta
 
 from __future__ import annotations
 
-import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -25,7 +24,7 @@ from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.files import output_folder, replace_bytes
+from meds_cli.core.files import output_folder, replace_figure
 
 SAMPLES = 2  # sample responses shown per cluster
 TOP_ANSWERS = 3
@@ -215,13 +214,10 @@ def plot_steps(series: dict, path: Path) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    """The figure as a PNG, written whole or not at all (a full disk leaves no half image)."""
     import matplotlib.pyplot as plt
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    replace_figure(fig, path, dpi=110)
     plt.close(fig)
-    replace_bytes(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------- the command

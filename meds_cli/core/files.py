@@ -26,6 +26,16 @@ def replace_bytes(path: Path, data: bytes) -> None:
         partial.unlink(missing_ok=True)
 
 
+def replace_figure(fig, path: Path, **savefig) -> None:
+    """A matplotlib figure saved whole or not at all (a full disk leaves no half image); the
+    format follows the file's suffix."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+    replace_bytes(path, buffer.getvalue())
+
+
 def replace_text(path: Path, text: str) -> None:
     """replace_bytes for UTF-8 text."""
     replace_bytes(path, text.encode("utf-8"))
