@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_figure, replace_text
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
@@ -22,9 +23,7 @@ PLOT_FILE = "pass_at_k.png"
 
 def write_results(folder: Path, document: dict) -> Path:
     path = Path(folder) / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    replace_text(path, json.dumps(document, indent=2) + "\n")  # never half a file, even on a full disk
     return path
 
 
@@ -101,7 +100,7 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    replace_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -129,8 +128,9 @@ def load_results(target: Path) -> tuple[str, dict]:
     path = find_results(target)
     try:
         document = json.loads(path.read_text())
-        document["benchmarks"]
-    except (ValueError, KeyError, TypeError):
+        if not all(isinstance(s["pass@k"], dict) and "problems" in s for s in document["benchmarks"].values()):
+            raise TypeError("not a benchmark's scores")  # valid JSON of another shape
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"'{path}' is not a results.json written by meds eval") from None
     return document.get("model") or path.parent.name, document
 

@@ -35,6 +35,7 @@ from benchmarks.prompts import problem_prompt
 from benchmarks.code_rows import row_count_mismatch
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_text
 from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, rewrite_rows
 from meds_cli.core.records import Problem
 
@@ -179,7 +180,7 @@ def check_state(folder: Path, settings: EvalSettings) -> None:
                     f"{folder} holds samples drawn with {key}={theirs.get(key)!r}, not {mine[key]!r}; "
                     f"pass another --output, or delete {folder / SAMPLES_FILE} to start over"
                 )
-    path.write_text(json.dumps(mine, indent=2) + "\n")
+    replace_text(path, json.dumps(mine, indent=2) + "\n")  # a full disk never leaves half of it
 
 
 # ---------------------------------------------------------------- scoring

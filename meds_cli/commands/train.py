@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from meds_cli.core.errors import UserError, is_storage_error, os_error
+from meds_cli.core.errors import UserError, storage_error
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config
@@ -87,9 +87,9 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         code = _train(plan, step, accelerator, console, argv, quiet)
         close_process_group(accelerator)
         return code
-    except OSError as error:
-        if is_storage_error(error):
-            raise os_error(error, f"write to the run folder '{run_dir}'") from None
+    except Exception as error:
+        if (failed := storage_error(error)) is not None:  # a full disk or a read-only folder mid-run
+            raise runs.interrupted_run_error(failed, run_dir) from None
         raise
     finally:
         lock.release()

@@ -24,7 +24,7 @@ from algorithms import ALGORITHMS
 from benchmarks.dataset_source import check_columns
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.files import replace_text
+from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.precision import MIXED_PRECISION
@@ -95,6 +95,8 @@ class RewardConfig:
     wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)", FINITE)
     functions: str | list[str] = doc([], "your own reward functions, path/to/file.py:name or a list of them; each is a reward channel")
     function_weights: list[float] = doc([], "the weight of each reward function (default: 1 each)")
+    function_timeout_s: float = doc(1800.0, "seconds one call of a reward function may take before the run stops with "
+                                             "a line naming it (0: no limit)", FINITE_NON_NEGATIVE)
 
     def validate(self, prefix: str) -> None:
         require(self.correct > self.wrong, f"{prefix}correct ({self.correct}) must be greater than {prefix}wrong "
@@ -353,7 +355,7 @@ def read_yaml(path: str | Path, _seen: frozenset = frozenset()) -> dict:
     if not path.is_file():
         raise UserError(f"config file '{path}' does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_user_text(path, "a YAML file"))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

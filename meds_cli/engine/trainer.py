@@ -66,7 +66,8 @@ class Trainer:
         self._validate()
         self.task = build_task(cfg.task, cfg.train.seed)
         self.algorithm = build_algorithm(cfg, self.task)
-        self.reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights)
+        self.reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights,
+                                                      cfg.reward.function_timeout_s)
         self._seed(cfg.train.seed)
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
         skipped, total = self.task.drop_long_prompts(self.tokenizer, cfg.task.max_prompt_tokens)

@@ -6,7 +6,8 @@ Everything is data: weights in safetensors, the other states through the state c
 checkpoint can never run code. A checkpoint is written into a temporary folder, finished with a
 manifest of every file's size and checksum, and renamed into place
 (meds_cli/engine/run_folders/checkpoint_store.py): a kill or a full disk never leaves a half checkpoint
-that a resume would pick up, and the temporary folder of a failed write is removed.
+that a resume would pick up, and the temporary folder of a failed write is removed. A full disk
+stops the run with one line naming the checkpoint it can resume from.
 
   step_N/weights.safetensors   trainable weights          adapter/   peft adapter (for eval)
          optimizer.{json,safetensors}  scheduler.{json,safetensors}
@@ -25,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from meds_cli.core.errors import UserError, os_error
+from meds_cli.core.errors import UserError, storage_error
 from meds_cli.engine.training import sharding
 from meds_cli.engine.run_folders.checkpoint_store import (begin_checkpoint, checkpoint_path, prune_checkpoints, publish_checkpoint,
                                               temporary_path, write_manifest)
+from meds_cli.engine.run_folders.run_dir import interrupted_run_error
 from meds_cli.engine.run_folders.state_codec import load_state, read_tensors, save_state
 
 WEIGHTS = "weights.safetensors"
@@ -72,8 +74,9 @@ def save_checkpoint(trainer) -> Path:
     except BaseException as error:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise os_error(error, f"write checkpoint {final}") from None
+        failed = storage_error(error)  # safetensors reports a full disk as its own error type
+        if failed is not None:
+            raise interrupted_run_error(failed, run_dir, f"checkpoint {step}") from None
         raise
     acc.wait_for_everyone()
     return final
