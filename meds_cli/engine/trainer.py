@@ -346,9 +346,18 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints (meds_cli/engine/run_folders/checkpoints.py)
 
+    def _training_state(self) -> checkpoints.TrainingState:
+        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position)
+
     def save_checkpoint(self) -> Path:
-        return checkpoints.save_checkpoint(self)
+        cfg = self.cfg
+        run = checkpoints.RunIdentity(self.acc, self.run_dir, cfg.train.keep_checkpoints, cfg.model.name, cfg.algo.name)
+        return checkpoints.save_checkpoint(run, self._training_state())
 
     def load_checkpoint(self, path: Path) -> None:
-        checkpoints.load_checkpoint(self, path)
+        state = self._training_state()
+        checkpoints.load_checkpoint(self.acc, state, path, self.cfg.optim)
+        self.step, self.sampler.position = state.step, state.sampler_position
+        if self.acc.is_main_process:
+            self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
