@@ -118,7 +118,9 @@ class Trainer:
         if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
             raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
 
-    def _seed(self, value: int):
+    @staticmethod
+    def _seed(value: int):
+        """Python's, numpy's and torch's generators, all from one value."""
         random.seed(value)
         np.random.seed(value % 2**32)
         torch.manual_seed(value)
@@ -240,10 +242,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         step = self.step + 1
-        seed = self._step_seed(step)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
+        self._seed(self._step_seed(step))
         timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
         t_start = time.perf_counter()
         batch, sampled, info = self.collect(timing)
