@@ -1,5 +1,6 @@
 """What `meds eval` leaves behind and shows: results.json, the score table, the pass@k plot,
-and the comparison of several evals (`meds eval --compare`).
+and the comparison of several evals (`meds eval --compare`: the table, the curves, and the
+paired difference of each eval against the first, problem by problem, from their samples).
 
 results.json is the one source for reports: the table, the plot and --compare all read the
 same document, so a comparison of old evals needs no model and no generation.
@@ -14,6 +15,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
+from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.core.errors import UserError
 
 RESULTS_FILE = "results.json"
@@ -180,6 +183,30 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
     summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
                          for (label, doc), t in zip(labelled, targets)]}
+    paired = paired_against_first(labelled, targets, console)
+    if paired:
+        summary["paired"] = paired
+        written = write_paired(paired, folder)
+        (folder / "summary.md").write_text(f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
+                                           + paired_markdown(paired))
+        console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  summary: {folder / 'summary.md'}")
     (folder / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"plot: {plot}")
     return folder
+
+
+def paired_against_first(labelled: list[tuple[str, dict]], targets: list[Path], console: Console) -> list[dict]:
+    """Each eval after the first against the first, problem by problem; printed as verdict lines.
+    Evals without their samples (an old results.json alone) get a note instead."""
+    baseline = Arm(labelled[0][0], [find_results(targets[0])])
+    comparisons = []
+    for (label, _), target in zip(labelled[1:], targets[1:]):
+        try:
+            comparisons.append(compare_arms(Arm(label, [find_results(target)]), baseline))
+        except UserError as error:
+            console.print(f"[yellow]note:[/] no paired statistics for {label} against {baseline.label}: {error}")
+    for line in verdict_lines(comparisons):
+        console.print(line, highlight=False)
+    for comparison in comparisons:
+        console.print(flipped_summary(comparison), highlight=False)
+    return comparisons
