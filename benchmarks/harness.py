@@ -109,6 +109,15 @@ def problem_seed(seed: int, benchmark: str, problem_id: str, first_sample: int) 
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def prompt_for(benchmark: Benchmark, problem: Problem, tokenizer, settings: EvalSettings) -> str:
+    """The benchmark's own prompt where it has one (a training task's held-out split is prompted
+    as in training), else the settings' style around the problem."""
+    if benchmark.prompt is not None:
+        return benchmark.prompt(problem, tokenizer)
+    return problem_prompt(benchmark.kind, problem, tokenizer, settings.prompt, system_prompt=settings.system_prompt,
+                          template_kwargs=settings.chat_template_kwargs)
+
+
 # ---------------------------------------------------------------- the samples file
 
 
@@ -215,6 +224,8 @@ def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> 
         "pass@k": {str(k): v for k, v in mean_pass_at_k(counts, ks).items()},
         "maj@k": None,
         "mean_response_length": sum(r["length"] for r in every) / len(every),
+        "truncated": sum(r["truncated"] for r in every),  # responses that hit max_new_tokens
+        "responses": len(every),
         "truncated_share": sum(r["truncated"] for r in every) / len(every),
         "short_response_share": sum(r["length"] <= SHORT_RESPONSE_TOKENS for r in every) / len(every),
         "outcomes": dict(sorted(outcomes.items())),
@@ -245,6 +256,8 @@ def average_scores(per_benchmark: dict[str, dict]) -> dict:
         "maj@k": mean_of("maj@k"),
         "mean_response_length": sum(s["mean_response_length"] for s in scored) / len(scored),
         "truncated_share": sum(s["truncated_share"] for s in scored) / len(scored),
+        "truncated": sum(s.get("truncated", 0) for s in scored),
+        "responses": sum(s.get("responses", 0) for s in scored),
         "timeouts": sum(s["timeouts"] for s in scored),
     }
 
@@ -342,8 +355,7 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-grading") as grader:
         for offset in range(0, len(todo), backend.chunk_problems):
             chunk = todo[offset:offset + backend.chunk_problems]
-            requests = [Request(problem_prompt(b.kind, p, backend.tokenizer, settings.prompt, system_prompt=settings.system_prompt,
-                                               template_kwargs=settings.chat_template_kwargs), n - first,
+            requests = [Request(prompt_for(b, p, backend.tokenizer, settings), n - first,
                                 problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in chunk]
             t0 = time.perf_counter()
             outputs = backend.generate(requests)
