@@ -40,6 +40,12 @@ def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
     return ks if len(ks) <= limit else ks[: limit - 1] + ks[-1:]
 
 
+def _truncated_cell(scores: dict) -> str:
+    """Responses that hit the length limit: 'count (share %)' (the share alone for older results)."""
+    share = _pct(scores["truncated_share"])
+    return f"{scores['truncated']} ({share}%)" if "truncated" in scores else share
+
+
 def _problems_cell(scores: dict) -> str:
     """The problem count, and the known row count where the data had another one."""
     rows = scores.get("rows")
@@ -69,7 +75,7 @@ def score_table(document: dict, title: str | None = None) -> Table:
         table.add_row(
             f"[bold]{name}[/]" if name == "average" else name, _problems_cell(scores),
             *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
-            f"{scores['mean_response_length']:.0f}", _pct(scores["truncated_share"]), str(scores["timeouts"]),
+            f"{scores['mean_response_length']:.0f}", _truncated_cell(scores), str(scores["timeouts"]),
         )
     notes = [f"{name}: {scores['data']['note']}" for name, scores in rows if (scores.get("data") or {}).get("note")]
     if notes:  # the data was not what the benchmark should be: say so under the scores

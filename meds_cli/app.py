@@ -50,13 +50,18 @@ def train(
     resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest complete checkpoint.")] = None,
     step: Annotated[Optional[int], typer.Option(help="With --resume: the checkpoint step to continue from.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens per step; load nothing, create nothing.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
-    from meds_cli.commands.train import run_training
+    from meds_cli.commands.train import dry_run as show_plan, run_training
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
     try:
+        if dry_run:
+            console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
+            show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
+            return
         code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
     except UserError as e:
         fail(str(e))

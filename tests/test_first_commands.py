@@ -174,3 +174,51 @@ def test_held_out_split_needs_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = invoke("eval", "--model", "tiny-llama", "--benchmarks", "heldout", "--k", "1", "-q")
     assert result.exit_code == 2 and "held-out split: give a run folder" in result.output
+
+
+# ---------------------------------------------------------------- meds train: the task, --dry-run
+
+
+def test_real_model_without_a_task_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", "--algo", "meds", "--model", "Qwen2.5-Math-1.5B")
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "-c configs/meds_paper.yaml" in lines[0] and "--task" in lines[0] and "toy task" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_task_was_chosen_reads_files_their_parents_sets_and_flags(tmp_path):
+    from meds_cli.commands.train import task_was_chosen
+
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("task: {name: math}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: parent.yaml\nrollout: {group_size: 4}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("rollout: {group_size: 4}\n")
+    assert task_was_chosen([child], [], {})
+    assert not task_was_chosen([plain], ["task.digits=2"], {"task.name": None})
+    assert task_was_chosen([plain], ["task.name=copy"], {})
+    assert task_was_chosen([], [], {"task.name": "math"})
+
+
+def test_train_dry_run_shows_the_plan_and_creates_nothing(tmp_path, monkeypatch):
+    import meds_cli.engine.trainer as trainer_module
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("a dry run must not build the trainer")
+
+    monkeypatch.setattr(trainer_module, "Trainer", no_trainer)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", "--dry-run", "--algo", "meds", "--model", "Qwen2.5-Math-1.5B", "--task", "math",
+                    "--set", "rollout.prompts_per_step=4", "--set", "rollout.group_size=8",
+                    "--set", "rollout.max_new_tokens=64", "--set", "dapo.max_gen_batches=3")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "algo:" in result.output and "name: meds" in result.output  # the resolved config as YAML
+    assert "run folder: would create runs/" in text
+    assert "about 1.5B parameters (from its name Qwen/Qwen2.5-Math-1.5B; not downloaded)" in text
+    assert "4 prompts x 8 responses = 32 responses a step, up to 64 new tokens each" in text
+    assert "up to 2,048 generated tokens a step (6,144 if all 3 sampling rounds" in text
+    assert not (tmp_path / "runs").exists()
