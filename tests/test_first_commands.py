@@ -222,3 +222,12 @@ def test_train_dry_run_shows_the_plan_and_creates_nothing(tmp_path, monkeypatch)
     assert "4 prompts x 8 responses = 32 responses a step, up to 64 new tokens each" in text
     assert "up to 2,048 generated tokens a step (6,144 if all 3 sampling rounds" in text
     assert not (tmp_path / "runs").exists()
+
+
+def test_eta_from_the_pace_of_this_eval():
+    from meds_cli.commands.eval import eta_seconds
+
+    assert eta_seconds(100, 10, 10, 5.0) is None  # only reused samples so far: no pace yet
+    assert eta_seconds(100, 0, 0, None) is None
+    # 20 samples drawn in 40 s (10 reused): 70 left at 2 s each
+    assert eta_seconds(100, 30, 10, 40.0) == pytest.approx(140.0)

@@ -9,7 +9,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from benchmarks.generation import GenerationSettings
 from meds_cli.engine.rollout.eval_backends import ModelSpec, make_backend, resolve_backend
@@ -44,6 +45,27 @@ def default_output(run_dir: Path | None, spec: ModelSpec) -> Path:
     return Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
 
 
+def eta_seconds(total: int, completed: int, reused: int, elapsed: float | None) -> float | None:
+    """Seconds left at the pace of this eval so far (samples drawn since it started; the reused
+    ones cost nothing); None before the first batch is done."""
+    drawn = completed - reused
+    if drawn <= 0 or not elapsed:
+        return None
+    return (total - completed) * elapsed / drawn
+
+
+class EtaColumn(ProgressColumn):
+    """The time left from the whole eval's pace: rich's own column keeps 30 s of history, so it
+    shows nothing while one batch (of 128 samples, say) takes longer than that."""
+
+    def render(self, task) -> Text:
+        left = eta_seconds(task.total or 0, task.completed, task.fields.get("reused", 0), task.elapsed)
+        if left is None:
+            return Text("eta after the first batch", style="progress.remaining")
+        minutes, seconds = divmod(int(left), 60)
+        return Text(f"eta {minutes // 60}:{minutes % 60:02d}:{seconds:02d}", style="progress.remaining")
+
+
 class _Bar:
     """The harness's ProgressSink as a rich bar over samples (ETA from the samples drawn here)."""
 
@@ -52,7 +74,7 @@ class _Bar:
         self.task = None
 
     def start(self, total: int, done: int) -> None:
-        self.task = self.progress.add_task("eval", total=total, completed=done, label="")
+        self.task = self.progress.add_task("eval", total=total, completed=done, label="", reused=done)
 
     def advance(self, samples: int, label: str) -> None:
         self.progress.update(self.task, advance=samples, label=label)
@@ -227,7 +249,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
                   f"k<={settings.k}  prompt: {settings.prompt} ({why})  output: [bold]{folder}[/]")
     console.print(work_line(suites, settings))
     progress = Progress(TextColumn("[bold]eval"), TextColumn("{task.fields[label]}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), EtaColumn(),
                         console=console, disable=quiet)
     try:
         with progress:
