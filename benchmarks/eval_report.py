@@ -84,7 +84,8 @@ def score_table(document: dict, title: str | None = None) -> Table:
 
 
 def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
-    """pass@k against k (log2 axis), one panel per benchmark, one line per labelled results document."""
+    """pass@k against k (log2 axis), one panel per benchmark, one line per labelled results document,
+    with its 95% interval over problems as a band where the results have one."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and in tests
@@ -100,7 +101,11 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
             if scores is None:
                 continue
             ks = [int(k) for k in scores["pass@k"]]
-            ax.plot(ks, [100 * v for v in scores["pass@k"].values()], marker="o", label=label)
+            [line] = ax.plot(ks, [100 * v for v in scores["pass@k"].values()], marker="o", label=label)
+            intervals = scores.get("pass@k_ci") or {}
+            if all(str(k) in intervals for k in ks):  # the 95% bootstrap interval over problems
+                ax.fill_between(ks, [100 * intervals[str(k)][0] for k in ks], [100 * intervals[str(k)][1] for k in ks],
+                                color=line.get_color(), alpha=0.15)
         ax.set_xscale("log", base=2)
         ax.set_title(name)
         ax.set_xlabel("k")

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from benchmarks.answer_extraction import answer_key
 from benchmarks.generation import Backend, Generated, Request
+from benchmarks.paired_stats import mean_interval, per_problem_pass_at_k
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
 from benchmarks.code_rows import row_count_mismatch
@@ -46,6 +47,7 @@ SAMPLE_SHAPING = ("model", "backend", "prompt", "system_prompt", "chat_template_
 # What a state file written before a setting existed means by its absence.
 _SHAPING_DEFAULTS = {"system_prompt": "", "chat_template_kwargs": {}}
 SHORT_RESPONSE_TOKENS = 2  # a response this short is almost never an answer to a benchmark problem
+CI_RESAMPLES = 2000  # enough for a 95% interval to two decimals; 8 ks x 500 problems stay well under a second
 _MAX_PENDING_GRADING = 4  # problems generated but not yet graded; bounds memory if grading lags
 
 
@@ -222,6 +224,9 @@ def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> 
         "problems": len(per_problem),
         "n": min(n for n, _ in counts),
         "pass@k": {str(k): v for k, v in mean_pass_at_k(counts, ks).items()},
+        # 95% bootstrap interval over problems of the per-problem unbiased values (exact 0/1 only when k = n)
+        "pass@k_ci": {str(k): list(mean_interval([per_problem_pass_at_k(counts, k)], resamples=CI_RESAMPLES))
+                      for k in ks},
         "maj@k": None,
         "mean_response_length": sum(r["length"] for r in every) / len(every),
         "truncated": sum(r["truncated"] for r in every),  # responses that hit max_new_tokens

@@ -94,3 +94,17 @@ def test_eval_compare_without_samples_notes_it(tmp_path):
     result = CliRunner().invoke(app, ["eval", "--compare", str(first), str(second), "--output", str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
     assert "no paired statistics" in result.output and "samples.jsonl" in result.output
+
+
+def test_score_benchmark_interval_uses_per_problem_values():
+    from benchmarks.harness import score_benchmark
+
+    rows = [[{"correct": j < c, "length": 3, "truncated": j == 0, "outcome": "x", "extracted": None}
+             for j in range(4)] for c in (4, 0, 2, 1)]
+    scores = score_benchmark("code", rows, [1, 4])
+    # k = n = 4: per-problem values 1, 0, 1, 1. A resample of the 4 means is 1 with probability
+    # (3/4)^4 = 0.32, at most 0.25 with 0.051 and 0 with 0.004: the 2.5% and 97.5% points are 0.25 and 1.
+    assert scores["pass@k_ci"]["4"] == pytest.approx([0.25, 1.0])
+    low, high = scores["pass@k_ci"]["1"]  # per-problem 1, 0, 0.5, 0.25: mean 0.4375
+    assert 0.0 <= low < 0.4375 < high <= 1.0
+    assert scores["truncated"] == 4 and scores["responses"] == 16
