@@ -200,7 +200,8 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
         written = write_paired(paired, folder)
         (folder / "summary.md").write_text(f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
                                            + paired_markdown(paired))
-        console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  summary: {folder / 'summary.md'}")
+        console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  "
+                      f"summary: {folder / 'summary.md'}")
     (folder / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"plot: {plot}")
     return folder

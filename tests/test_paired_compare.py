@@ -84,7 +84,8 @@ def test_eval_compare_writes_the_paired_section(tmp_path):
     summary = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert summary["paired"][0]["benchmarks"]["math500"]["pass@1"]["p_value"] == pytest.approx(2 / 2 ** 6)
     assert "MEDS higher" in (tmp_path / "cmp" / "summary.md").read_text()
-    assert (tmp_path / "cmp" / "problem_deltas.csv").is_file() and (tmp_path / "cmp" / "paired_differences.png").is_file()
+    for name in ("problem_deltas.csv", "paired_differences.png"):
+        assert (tmp_path / "cmp" / name).is_file(), name
 
 
 def test_eval_compare_without_samples_notes_it(tmp_path):

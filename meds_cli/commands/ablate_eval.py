@@ -6,7 +6,8 @@ Two sources of problems:
 - `heldout` (the default): the training task's own held-out split, prompted as in training
   (task.prompt) and graded by the task's grader. Tiny models and toy tasks (the tests' `copy`)
   cannot answer benchmark prompts, and a held-out split costs no download. `meds eval` runs it
-  as a benchmark (meds_cli.commands.eval.heldout_suite) and writes to RUN_DIR/eval/heldout/, so the report reads both alike.
+  as a benchmark (meds_cli.commands.eval.heldout_suite) and writes to RUN_DIR/eval/heldout/, so
+  the report reads both alike.
 Trainer.quick_eval was not reused: it is one greedy sample per problem (accuracy, no pass@k).
 """
 

@@ -99,8 +99,8 @@ def settings_from_options(benchmarks: str | None, *, data_dir: Path | None, **op
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir '{data_dir}' is not a folder; it must hold <benchmark>/test.jsonl files")
     settings = EvalSettings(names, data_dir=str(data_dir) if data_dir else None, **options)
-    replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names,
-            max_new_tokens=settings.max_new_tokens or MODEL_MAX_NEW_TOKENS).validate()
+    length = MODEL_MAX_NEW_TOKENS if settings.max_new_tokens is None else settings.max_new_tokens
+    replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names, max_new_tokens=length).validate()
     return settings
 
 
@@ -167,7 +167,8 @@ def truncation_warning(document: dict, share: float = 0.5) -> str | None:
     where = ", ".join(f"{name} {scores.get('truncated', '?')} of {scores.get('responses', '?')}"
                       for name, scores in hit.items())
     return (f"most responses hit the {limit}-token limit (truncated: {where}): they are cut off before an answer; "
-            f"--max-new-tokens sets the limit (higher to let them finish, lower to spend less time on a rambling model)")
+            "--max-new-tokens sets the limit (higher to let them finish, lower to spend less time on a rambling "
+            "model)")
 
 
 def choose_prompt(requested: str, run_style: str | None, has_chat_template: bool) -> tuple[str, str]:

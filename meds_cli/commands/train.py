@@ -81,7 +81,8 @@ def refuse_real_model_on_default_task(cfg: RunConfig, chosen: bool) -> None:
         return
     raise UserError(f"--model {cfg.model.name} with no task chosen would train on the embedded demo's toy task "
                     f"('{cfg.task.name}', synthetic arithmetic); choose the data: -c configs/meds_paper.yaml (the "
-                    "paper's math setting) or --task (math with --set task.path=..., or arithmetic, copy; see `meds list`)")
+                    "paper's math setting) or --task (math with --set task.path=..., or arithmetic, copy; "
+                    "see `meds list`)")
 
 
 def task_description(cfg: RunConfig) -> str:
@@ -107,12 +108,14 @@ def model_size(name: str) -> str:
     if name == EMBEDDED:
         path = embedded_gguf()
     if path.is_file() or path.is_dir():
-        files = [path] if path.is_file() else [f for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf")]
+        weights = (".safetensors", ".bin", ".gguf")
+        files = [path] if path.is_file() else [f for f in path.iterdir() if f.suffix in weights]
         return f"{sum(f.stat().st_size for f in files) / 1e9:.2f} GB of weights in {path}"
-    stated = re.search(r"(\d+(?:\.\d+)?)\s*([BM])(?![A-Za-z])", resolve_model(name))
+    hub_id = resolve_model(name)
+    stated = re.search(r"(\d+(?:\.\d+)?)\s*([BM])(?![A-Za-z])", hub_id)
     if stated:
-        return f"about {stated.group(1)}{stated.group(2)} parameters (from its name {resolve_model(name)}; not downloaded)"
-    return f"unknown until {resolve_model(name)} is downloaded"
+        return f"about {stated.group(1)}{stated.group(2)} parameters (from its name {hub_id}; not downloaded)"
+    return f"unknown until {hub_id} is downloaded"
 
 
 def sampling_lines(cfg: RunConfig, rounds: int) -> list[str]:
