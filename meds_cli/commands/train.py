@@ -200,9 +200,10 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     checkpoint = None
     if plan.resuming:
         checkpoint = find_usable_checkpoint(run_dir, step, say=lambda text: console.print(f"[yellow]note:[/] {text}"))
-    console.print(f"training [bold]{cfg.model.name}[/] with {cfg.algo.name} on task '{cfg.task.name}' "
-                  f"({task_description(cfg)})")
-    with console.status(f"loading {cfg.model.name} ..."):
+    # What was chosen shows while the model loads (a status line, so that an error in loading stays one line);
+    # the run folder line after loading repeats it.
+    with console.status(f"loading {cfg.model.name} to train with {cfg.algo.name} on task '{cfg.task.name}' "
+                        f"({task_description(cfg)}) ..."):
         trainer = Trainer(cfg, run_dir, accelerator=accelerator)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
