@@ -108,7 +108,8 @@ def flipped_summary(comparison: dict) -> str:
     """'3 problems solved by MEDS only, 1 by DAPO only' (solved: in any sample)."""
     a_only = sum(r["change"] == f"{comparison['a']} only" for r in comparison["problems"])
     b_only = sum(r["change"] == f"{comparison['b']} only" for r in comparison["problems"])
-    return f"{a_only} problems solved by {comparison['a']} only, {b_only} by {comparison['b']} only (in any sample)"
+    noun = "problem" if a_only == 1 else "problems"
+    return f"{a_only} {noun} solved by {comparison['a']} only, {b_only} by {comparison['b']} only (in any sample)"
 
 
 def markdown(comparisons: list[dict]) -> str:
