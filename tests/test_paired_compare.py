@@ -109,3 +109,22 @@ def test_score_benchmark_interval_uses_per_problem_values():
     low, high = scores["pass@k_ci"]["1"]  # per-problem 1, 0, 0.5, 0.25: mean 0.4375
     assert 0.0 <= low < 0.4375 < high <= 1.0
     assert scores["truncated"] == 4 and scores["responses"] == 16
+
+
+def test_ablation_pairs_each_group_with_the_baseline_seed_by_seed(tmp_path):
+    from meds_cli.commands.ablate import Variant
+    from meds_cli.commands.ablate_report import baseline_group, paired_against_baseline
+
+    variants = [Variant(f"{group}_seed-{seed}", group, {}, seed) for group in ("meds", "baseline-dapo")
+                for seed in (0, 1)]
+    correct = {("meds", 0): [4, 4, 0], ("meds", 1): [4, 0], ("baseline-dapo", 0): [0, 4, 0],
+               ("baseline-dapo", 1): [0, 0]}
+    paths = {v.name: make_eval(tmp_path / v.name, v.group, correct[(v.group, v.seed)]) for v in variants}
+    assert baseline_group(variants) == "baseline-dapo"
+    [comparison] = paired_against_baseline(variants, paths)
+    one = comparison["benchmarks"]["math500"]["pass@1"]
+    # seed 0: deltas 1, 0, 0 -> 1/3; seed 1: 1, 0 -> 1/2; the seeds weigh the same
+    assert (comparison["a"], comparison["b"]) == ("meds", "baseline-dapo")
+    assert one["delta"] == pytest.approx((1 / 3 + 1 / 2) / 2) and one["seeds"] == 2 and one["problems"] == 5
+    assert "over 2 seeds" in one["verdict"]
+    assert baseline_group(variants[:2]) == "meds"  # no baseline run: the first group
