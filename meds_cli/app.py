@@ -83,12 +83,17 @@ def train(
     resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest complete checkpoint.")] = None,
     step: Annotated[Optional[int], typer.Option(help="With --resume: the checkpoint step to continue from.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens per step; load nothing, create nothing.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
-    from meds_cli.commands.train import run_training
+    from meds_cli.commands.train import dry_run as show_plan, run_training
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
+    if dry_run:
+        console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
+        show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
+        return
     code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
     raise typer.Exit(code)
 
@@ -98,7 +103,7 @@ def eval_cmd(
     targets: Annotated[Optional[list[Path]], typer.Argument(help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json files.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step of the run (default: the latest).")] = None,
-    benchmarks: Annotated[str, typer.Option(help="Comma-separated benchmarks (see `meds list`).")] = "math500",
+    benchmarks: Annotated[Optional[str], typer.Option(help="Comma-separated benchmarks (see `meds list`), or heldout (a run's held-out split). Default: for a run, what it trained for (math500 for a math run, else its held-out split); math500 for --model.")] = None,
     k: Annotated[int, typer.Option("--k", help="Report pass@k and maj@k for k = 1, 2, 4, ... up to this.")] = 128,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
@@ -106,7 +111,7 @@ def eval_cmd(
     prompt: Annotated[str, typer.Option(help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed (Qwen-Math, plain text) or chat.")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
-    max_new_tokens: Annotated[int, typer.Option(help="Response length limit in tokens.")] = 4096,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Response length limit in tokens (default: a run's own on its held-out split, else 4096).")] = None,
     seed: Annotated[int, typer.Option(help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Sequences per HF generate call.")] = 64,
     backend: Annotated[str, typer.Option(help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
