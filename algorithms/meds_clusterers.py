@@ -52,7 +52,8 @@ def small_clusters_as_noise(labels: np.ndarray, min_cluster_size: int) -> np.nda
     return labels
 
 
-def best_k_by_silhouette(points: np.ndarray, fit: Callable[[np.ndarray, int], np.ndarray], max_clusters: int) -> np.ndarray:
+def best_k_by_silhouette(points: np.ndarray, fit: Callable[[np.ndarray, int], np.ndarray],
+                         max_clusters: int) -> np.ndarray:
     """Labels of the k in 2..min(max_clusters, n - 1) with the highest silhouette score (ties: the
     smaller k). Identical points, or fewer than three, make one cluster."""
     from sklearn.metrics import silhouette_score

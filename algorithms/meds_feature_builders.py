@@ -92,7 +92,8 @@ class LogitLensFeatures(FeatureBuilder):
         return BuiltFeatures(torch.stack(rows).float(), index, kinds, layers)
 
 
-@FEATURE_BUILDERS.register("random", "control: logit-lens features, cluster labels shuffled at random (same cluster sizes)")
+@FEATURE_BUILDERS.register("random",
+                           "control: logit-lens features, cluster labels shuffled at random (same cluster sizes)")
 class RandomControl(LogitLensFeatures):
     shuffle_labels = True
 

@@ -53,7 +53,8 @@ def check_layer_spec(spec) -> None:
         count = spec[5:]
         if count.isdigit() and int(count) > 0:
             return
-    raise UserError(f"meds.layers '{spec}' is not valid; accepted: last_half, last:K (K >= 1), or a list such as [14, 21, 28]")
+    raise UserError(f"meds.layers '{spec}' is not valid; accepted: last_half, last:K (K >= 1), "
+                    "or a list such as [14, 21, 28]")
 
 
 def resolve_layers(spec, num_layers: int) -> list[int]:
@@ -73,7 +74,8 @@ def resolve_layers(spec, num_layers: int) -> list[int]:
     for value in spec:
         index = n + 1 + value if value < 0 else value
         if not 0 <= index <= n:
-            raise UserError(f"meds.layers has layer {value}; this model has layers 0..{n} (negative counts from the end)")
+            raise UserError(f"meds.layers has layer {value}; this model has layers 0..{n} "
+                            "(negative counts from the end)")
         layers.append(index)
     return layers
 

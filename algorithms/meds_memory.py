@@ -294,7 +294,8 @@ class Memory:
 
     def state_dict(self) -> dict:
         # Sorted so that the saved object does not depend on the order prompts were first seen.
-        return {pid: {kind: bank.state() for kind, bank in sorted(kinds.items())} for pid, kinds in sorted(self.banks.items())}
+        return {pid: {kind: bank.state() for kind, bank in sorted(kinds.items())}
+                for pid, kinds in sorted(self.banks.items())}
 
     def load_state_dict(self, state: dict) -> None:
         self.banks = {pid: {kind: Bank.from_state(b) for kind, b in kinds.items()} for pid, kinds in state.items()}

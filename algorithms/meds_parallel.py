@@ -8,10 +8,10 @@ unlike multiprocessing's spawn and forkserver, never re-run the caller's __main_
 a trainer holding threads or a GPU) is started at the first step that needs it and kept for the
 rest of the run, without an idle timeout: a step of the paper's setting spends minutes
 generating between two clusterings, and a restart costs each worker an import of this package.
-Workers run one thread each (the prompts are the parallelism). Every fit is a deterministic function of its points (the random control's
-shuffle included, meds_clusterers.ShuffledLabels), so the parallel results equal the serial ones
-exactly; small steps (fewer jobs than `min_jobs`) stay serial, where a pool would cost more than
-it saves.
+Workers run one thread each (the prompts are the parallelism). Every fit is a deterministic
+function of its points (the random control's shuffle included, meds_clusterers.ShuffledLabels),
+so the parallel results equal the serial ones exactly; small steps (fewer jobs than `min_jobs`)
+stay serial, where a pool would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _map_chunks(function, items: list, settings: ClusterSettings, workers: int, 
         done = list(_pool(workers).map(function, chunks, [settings] * count))
     except BrokenProcessPool:  # a worker died (killed, out of memory): finish this step here
         _POOLS.pop(workers, None)
-        warnings.warn("MEDS clustering workers died; this step is clustered in the training process")
+        warnings.warn("MEDS clustering workers died; this step is clustered in the training process", stacklevel=2)
         return _one_thread(function, items, settings)
     out = [None] * len(items)
     for c, results in enumerate(done):

@@ -48,7 +48,8 @@ class RLIFConfig(GRPOConfig):
     cluster_weight: float = doc(1.0, "GDPO weight of the cluster-voting channel", at_least(0))
     certainty_weight: float = doc(1.0, "GDPO weight of the self-certainty channel", at_least(0))
     batch_norm: bool = doc(False, "re-normalize the summed advantages over the batch (GDPO's optional last step)")
-    policy_loss: str = choice("kl-cov", POLICY_LOSSES.names(), "per-token policy loss (algorithms/policy_loss.py); KL-Cov as in the seed")
+    policy_loss: str = choice("kl-cov", POLICY_LOSSES.names(),
+                              "per-token policy loss (algorithms/policy_loss.py); KL-Cov as in the seed")
 
 
 # ---------------------------------------------------------------- the formulas
@@ -101,7 +102,8 @@ class RLIFMultiReward(Algorithm):
         if config.extraction == "auto":  # the task's own reading, minus the gold answer
             self.extraction, self.read_answer = context.answer_mode, context.read_answer
         else:
-            self.extraction, self.read_answer = config.extraction, functools.partial(read_answer, mode=config.extraction)
+            self.extraction = config.extraction
+            self.read_answer = functools.partial(read_answer, mode=config.extraction)
 
     # -- rewards: from the responses and the sampling pass only
     def forward_needs(self, num_layers, records_lens):

@@ -9,7 +9,6 @@ the OSError a read-only filesystem or a full disk raises, with the same errno an
 from __future__ import annotations
 
 import builtins
-import errno
 import io
 import os
 import pickle

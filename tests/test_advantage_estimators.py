@@ -6,8 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from algorithms.advantages import (ADV_ESTIMATORS, group_advantages, group_baseline_whitened_advantages,
-                                   leave_one_out_advantages, token_weighted_whiten)
+from algorithms.advantages import (
+    ADV_ESTIMATORS,
+    group_advantages,
+    group_baseline_whitened_advantages,
+    leave_one_out_advantages,
+    token_weighted_whiten,
+)
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import load_config
 from meds_cli.engine.training.algorithm_setup import build_algorithm

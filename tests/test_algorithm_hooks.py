@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from algorithms import ALGORITHMS
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from meds_cli.core.errors import UserError
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts
 

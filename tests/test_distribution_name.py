@@ -1,8 +1,9 @@
 """The distribution is `meds-rl` ("meds" on the package index is an unrelated package); the command
 stays `meds` and the import package `meds_cli`, and provenance records this distribution's version."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from meds_cli.engine.run_folders import run_dir
 

@@ -161,7 +161,8 @@ def test_cut_off_metrics_line_never_breaks_resume_or_reports(straight, copy_of):
 
 def test_retention_keeps_the_newest_checkpoints(tmp_path):
     run = tmp_path / "run"
-    result = train("--steps", 4, "--output", run, "--set", "train.checkpoint_every=1", "--set", "train.keep_checkpoints=2")
+    result = train("--steps", 4, "--output", run, "--set", "train.checkpoint_every=1",
+                   "--set", "train.keep_checkpoints=2")
     assert result.exit_code == 0, result.output
     assert all_steps(run) == [3, 4]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
@@ -203,7 +204,8 @@ def test_changes_that_apply_are_applied_and_logged(copy_of):
     assert "optim.lr 0.01 -> 0.02" in " ".join(result.output.split())
     row = json.loads((run / RESUMES_FILE).read_text())
     assert row["step"] == 4 and row["checkpoint"] == "step_4"
-    assert row["changes"]["optim.lr"] == {"from": 0.01, "to": 0.02} and row["changes"]["train.steps"] == {"from": 4, "to": 5}
+    assert (row["changes"]["optim.lr"] == {"from": 0.01, "to": 0.02}
+            and row["changes"]["train.steps"] == {"from": 4, "to": 5})
     optimizer = load_state(checkpoint_path(run, 5), "optimizer")
     assert [group["lr"] for group in optimizer["param_groups"]] == [0.02]
     assert "eval/accuracy" in runs.metrics_rows(run)[-1]
@@ -278,7 +280,8 @@ def test_full_disk_while_writing_a_checkpoint(tmp_path, monkeypatch, failing):
     if failing == "state":  # after weights, adapter and the optimizer went out
         real = checkpoints_module.save_state
         monkeypatch.setattr(checkpoints_module, "save_state",
-                            lambda state, folder, name: no_space() if name == "scheduler" else real(state, folder, name))
+                            lambda state, folder, name: (no_space() if name == "scheduler"
+                                                         else real(state, folder, name)))
     elif failing == "weights":
         monkeypatch.setattr("safetensors.torch.save_file", no_space)
     else:
@@ -357,7 +360,8 @@ def test_crafted_memory_stops_cluster_inspect(copy_of, tmp_path, target):
     assert target in line and not marker.exists()
 
 
-@pytest.mark.parametrize("target", ["adapter/adapter_model.safetensors", "weights.safetensors", "adapter/adapter_model.bin"])
+@pytest.mark.parametrize("target",
+                         ["adapter/adapter_model.safetensors", "weights.safetensors", "adapter/adapter_model.bin"])
 def test_crafted_weights_stop_eval(copy_of, tmp_path, target):
     run, marker = crafted_run(copy_of, tmp_path, target, update_manifest=False)
     if target.endswith(".bin"):  # peft would unpickle a .bin adapter if the safetensors one were gone

@@ -236,4 +236,5 @@ def test_a_disk_that_fills_up_mid_eval_keeps_the_samples_for_the_rerun(world, sm
     after = (out / "samples.jsonl").read_bytes().splitlines()
     # The rerun kept what was drawn (but the last draw's rows, which may be incomplete) and drew the rest.
     assert len(before) >= 4 and sum(row in after for row in before) >= len(before) - 1
-    assert len(after) == 24 and json.loads((out / "results.json").read_text())["benchmarks"]["math500"]["problems"] == 12
+    results = json.loads((out / "results.json").read_text())
+    assert len(after) == 24 and results["benchmarks"]["math500"]["problems"] == 12

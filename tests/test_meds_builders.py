@@ -44,7 +44,8 @@ def features_of(name, tiny_rollouts, *overrides):
     model, tok, batch = tiny_rollouts
     batch.extras = {}
     algo = build_algorithm(tiny_config("algo.name=meds", f"meds.features={name}", *overrides))
-    score_rollouts(model, batch, micro_batch_size=7, with_reference=False, wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
+    score_rollouts(model, batch, micro_batch_size=7, with_reference=False,
+                   wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
                    observe=lambda view: algo.observe_forward(batch, view), tokenizer=tok)
     return algo, batch
 

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import answer_anchor, char_to_token, resolve_layers
-from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.batch import rollouts_from_samples
 from meds_cli.engine.rollout.sampling_engine import Sample
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from meds_cli.engine.training.scoring import score_rollouts
-from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from tests.conftest import needs_embedded, tiny_config
 
 
@@ -113,8 +113,10 @@ def own_logits(model, tok, prompt, response_ids):
 def test_features_match_the_model_on_unpadded_sequences(final_norm):
     model, tok, batch = tiny_batch()
     assert batch.attention_mask[0, 0] == 0  # the short prompt really is left-padded
-    algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:4", f"meds.final_norm={str(final_norm).lower()}"))
-    score_rollouts(model, batch, micro_batch_size=3, with_reference=False, wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
+    algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:4",
+                                       f"meds.final_norm={str(final_norm).lower()}"))
+    score_rollouts(model, batch, micro_batch_size=3, with_reference=False,
+                   wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
                    observe=lambda view: algo.observe_forward(batch, view), tokenizer=tok)
     feats, index, kinds = batch.extras[FEATURES], batch.extras[ANCHOR_INDEX], batch.extras[ANCHOR_KIND]
     assert feats.shape == (4, 4)
@@ -123,7 +125,7 @@ def test_features_match_the_model_on_unpadded_sequences(final_norm):
     assert index.tolist() == [8, 2, 8, 1]
     assert kinds == ["boxed", "last", "boxed", "truncated"]
     norm = model.model.norm
-    for i, (text, eos) in enumerate(RESPONSES):
+    for i, (_text, _eos) in enumerate(RESPONSES):
         n = int(batch.response_mask[i].sum())
         response_ids = batch.response_ids[i, :n].tolist()
         logits, hidden, prompt_len = own_logits(model, tok, PROMPTS[i // 2], response_ids)

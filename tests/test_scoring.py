@@ -8,11 +8,11 @@ from safetensors.torch import load_file
 
 from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model_io.model import apply_lora
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.batch import rollouts_from_samples, sample_responses
 from meds_cli.engine.rollout.sampling_engine import Sample, stop_token_ids
-from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature
-from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.trainer import TIMING_KEYS, Trainer
+from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature
 from tests.conftest import tiny_config
 
 
@@ -39,8 +39,9 @@ def test_old_logprobs_are_those_generate_sampled_from(policy, temperature):
                          pad_token_id=tokenizer.pad_token_id, output_scores=True, output_logits=True,
                          return_dict_in_generate=True)
     width = enc["input_ids"].shape[1]
-    batch = rollouts_from_samples(tokenizer, [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts],
-                                  [[_cut_at_stop(row.tolist(), eos)] for row in out.sequences[:, width:]], [None] * 3, 1, eos)
+    prompt_ids = [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    responses = [[_cut_at_stop(row.tolist(), eos)] for row in out.sequences[:, width:]]
+    batch = rollouts_from_samples(tokenizer, prompt_ids, responses, [None] * 3, 1, eos)
     score_rollouts(model, batch, 2, with_reference=False, temperature=temperature)
     # what generate sampled from: its processed scores (logits / T; top-k 0 and top-p 1 filter nothing)
     sampled_from = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
@@ -94,11 +95,13 @@ def test_greedy_rollouts_are_scored_at_temperature_one():
     ("rewards", False, 4, "always", "sampled"),
 ])
 def test_which_rows_are_scored(needed_by, reference, steps, setting, expected):
-    assert scoring_pass(needed_by, uses_reference=reference, optimizer_steps_per_batch=steps, setting=setting) == expected
+    assert scoring_pass(needed_by, uses_reference=reference, optimizer_steps_per_batch=steps,
+                        setting=setting) == expected
 
 
 def test_a_random_update_forward_keeps_the_pass():
-    assert scoring_pass(None, uses_reference=False, optimizer_steps_per_batch=1, deterministic_update=False) == "trained"
+    assert scoring_pass(None, uses_reference=False, optimizer_steps_per_batch=1,
+                        deterministic_update=False) == "trained"
     assert scoring_pass("rewards", uses_reference=False, optimizer_steps_per_batch=1,
                         deterministic_update=False) == "sampled"
 

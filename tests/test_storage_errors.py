@@ -34,7 +34,8 @@ def test_other_errors_are_not_storage_errors():
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
         except OSError:
-            raise KeyError("a bug in an except block")
+            # Implicitly chained on purpose: a bug raised during, not from, the OS error.
+            raise KeyError("a bug in an except block")  # noqa: B904
     except KeyError as bug:  # raised during, not from, the OS error: stays a bug
         assert storage_error(bug) is None
 

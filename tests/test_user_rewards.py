@@ -5,10 +5,15 @@ import textwrap
 import pytest
 import torch
 
-from meds_cli.core.records import Problem
-from meds_cli.engine.training.user_rewards import (add_channels, load_reward_functions, parse_spec, row_fields,
-                                          user_reward_channels)
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
+from meds_cli.engine.training.user_rewards import (
+    add_channels,
+    load_reward_functions,
+    parse_spec,
+    row_fields,
+    user_reward_channels,
+)
 
 REWARDS = '''
 def length_bonus(prompts, completions, **kwargs):
@@ -79,7 +84,8 @@ def reward_file(tmp_path):
 
 
 def _problems():
-    return [Problem("p0", "What is 2 * 3?", "6", {"level": "hard"}), Problem("p1", "What is 1 + 1?", "2", {"level": "easy"})]
+    return [Problem("p0", "What is 2 * 3?", "6", {"level": "hard"}),
+            Problem("p1", "What is 1 + 1?", "2", {"level": "easy"})]
 
 
 def test_functions_are_called_like_trl_reward_callables_and_weighted(reward_file):
@@ -110,7 +116,8 @@ def test_row_fields_fill_missing_columns_with_none():
 
 def test_numpy_results_are_accepted(reward_file):
     (function,) = load_reward_functions(f"{reward_file}:numpy_values")
-    assert torch.equal(user_reward_channels([function], ["a"], ["b"], _problems()[:1])["numpy_values"], torch.tensor([1.0]))
+    channels = user_reward_channels([function], ["a"], ["b"], _problems()[:1])
+    assert torch.equal(channels["numpy_values"], torch.tensor([1.0]))
 
 
 def test_an_error_inside_the_function_names_it_and_the_row(reward_file):

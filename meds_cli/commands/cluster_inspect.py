@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from meds_cli.commands.plotting import pyplot as _pyplot
+from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.files import output_folder, replace_figure
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
-from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.files import output_folder, replace_figure
 
 SAMPLES = 2  # sample responses shown per cluster
 TOP_ANSWERS = 3
@@ -194,7 +194,8 @@ def step_series(run_dir: Path) -> dict[str, list]:
 def plot_steps(series: dict, path: Path) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for ax, key, title in zip(axes, STEP_KEYS, ["top-1 eigen ratio (lower = more diverse)", "clusters per prompt (wrong)"]):
+    titles = ["top-1 eigen ratio (lower = more diverse)", "clusters per prompt (wrong)"]
+    for ax, key, title in zip(axes, STEP_KEYS, titles):
         points = series.get(key, [])
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
@@ -221,7 +222,8 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
     run_dir = runs.resolve_run_dir(str(run_path))
     checkpoint_step, memory, layers = load_memory(run_dir, step)
     if not memory:
-        raise UserError(f"the MEDS memory at step {checkpoint_step} of '{run_dir}' is empty (no responses remembered yet)")
+        raise UserError(f"the MEDS memory at step {checkpoint_step} of '{run_dir}' is empty "
+                        "(no responses remembered yet)")
     if prompt is not None and prompt not in memory:
         raise UserError(f"prompt '{prompt}' is not in the memory{nearest(prompt, memory)}; "
                         f"{len(memory)} prompts, e.g. {', '.join(sorted(memory)[:5])}")
@@ -267,8 +269,9 @@ def print_report(report: dict, console=None) -> None:
         table.add_column(name, justify="left" if name == "prompt" else "right")
     for row in report["prompts"]:
         ari = "-" if row["ari_answers"] is None else f"{row['ari_answers']:.2f}"
-        table.add_row(row["prompt"], *(str(row[k]) for k in ["entries", "wrong", "correct", "clusters",
-                                                             "largest_wrong_cluster", "noise", "training_wrong_clusters"]), ari)
+        columns = ["entries", "wrong", "correct", "clusters", "largest_wrong_cluster", "noise",
+                   "training_wrong_clusters"]
+        table.add_row(row["prompt"], *(str(row[k]) for k in columns), ari)
     console.print(table)
     mean = report["ari_answers_mean"]
     console.print("max wrong C: wrong members of the largest cluster; train C: wrong clusters as training saw them; "

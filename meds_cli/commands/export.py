@@ -25,11 +25,15 @@ def export_command(
     run: Annotated[Path, typer.Argument(help="A run folder (its last checkpoint, or --step).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="New (or empty) folder to write the model into.")],
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step to export (default: the latest).")] = None,
-    merge: Annotated[bool, typer.Option("--merge", help="Merge a LoRA adapter into the base weights (a plain model; what vLLM loads).")] = False,
-    push_to_hub: Annotated[Optional[str], typer.Option("--push-to-hub", help="Also upload the folder to this hub model repository (owner/name).")] = None,
+    merge: Annotated[bool, typer.Option(
+        "--merge", help="Merge a LoRA adapter into the base weights (a plain model; what vLLM loads).")] = False,
+    push_to_hub: Annotated[Optional[str], typer.Option(
+        "--push-to-hub", help="Also upload the folder to this hub model repository (owner/name).")] = None,
 ) -> None:
-    """Export a run's checkpoint: merged model or adapter, tokenizer, and a model card with the run's config and evals."""
-    from meds_cli.engine.export import check_hub_reachable, check_output, check_repo_id, export_run, push_to_hub as push
+    """Export a run's checkpoint: merged model or adapter, tokenizer, and a model card with the run's config and evals.
+    """
+    from meds_cli.engine.export import check_hub_reachable, check_output, check_repo_id, export_run
+    from meds_cli.engine.export import push_to_hub as push
 
     console = Console(stderr=True, soft_wrap=True)
     check_not_around_cwd(output)

@@ -22,22 +22,27 @@ import numpy as np
 import torch
 
 from benchmarks.tasks import PromptSampler, build_task
-from meds_cli.engine.run_folders import checkpoints
-from meds_cli.engine.run_folders import run_dir as runs
-from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.core.errors import UserError
 from meds_cli.core.forward import decoder_layers
-from meds_cli.engine.training.metrics import rollout_metrics, trained_metrics
-from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.training.importance import mismatch_metrics, truncation_of_sampler
+from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
+from meds_cli.engine.run_folders import checkpoints
+from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
-from meds_cli.engine.training.scoring import (has_active_dropout, score_rollouts, scoring_pass, scoring_temperature,
-                                              shares_prompts)
-from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, global_sum, make_accelerator
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
+from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
+from meds_cli.engine.training.importance import mismatch_metrics, truncation_of_sampler
+from meds_cli.engine.training.metrics import rollout_metrics, trained_metrics
+from meds_cli.engine.training.scoring import (
+    has_active_dropout,
+    score_rollouts,
+    scoring_pass,
+    scoring_temperature,
+    shares_prompts,
+)
+from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, global_sum, make_accelerator
 from meds_cli.engine.training.update import UpdateSettings, prepare_policy, update_policy
 from meds_cli.engine.training.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
@@ -72,7 +77,8 @@ class Trainer:
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
         skipped, total = self.task.drop_long_prompts(self.tokenizer, cfg.task.max_prompt_tokens)
         if skipped:
-            self._say(f"task.max_prompt_tokens={cfg.task.max_prompt_tokens}: left out {skipped} of {total} training problems with longer prompts")
+            self._say(f"task.max_prompt_tokens={cfg.task.max_prompt_tokens}: left out {skipped} of {total} "
+                      "training problems with longer prompts")
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self.tracker = RunTracker(self.acc)
         model = apply_lora(model, cfg.model.lora)
@@ -89,7 +95,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
-        self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
+        self.engine = make_engine(cfg, self.unwrapped, self.tokenizer,
+                                  scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
                                   processes=self.world, rank=self.rank)
         # What the algorithm reads besides the update's forward, asked once: the scoring pass is
         # planned from it, and lens values the engine records while sampling (MEDS's logit lens
@@ -101,7 +108,8 @@ class Trainer:
             raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")
         self.lens_probe = self.forward_needs.lens
         self.scoring = scoring_pass(self.forward_needs.view, uses_reference=algo.uses_reference,
-                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass,
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
+                                    setting=cfg.train.scoring_pass,
                                     deterministic_update=not has_active_dropout(self.unwrapped))
         # The mismatch metrics compare like with like only then (engine/training/importance.py).
         self.sampler_is_full_softmax = truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None
@@ -114,9 +122,11 @@ class Trainer:
     def _validate(self):
         cfg = self.cfg
         if cfg.rollout.prompts_per_step % self.world:
-            raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over {self.world} processes")
+            raise UserError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must divide evenly over "
+                            f"{self.world} processes")
         if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
-            raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
+            raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over "
+                            f"{self.world} processes")
 
     @staticmethod
     def _seed(value: int):
@@ -252,7 +262,8 @@ class Trainer:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did
             if batch.sampler_logp is not None and self.sampler_is_full_softmax:
-                row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, self.cfg.rollout.tis_cap))
+                row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask,
+                                            self.cfg.rollout.tis_cap))
             row.update(trained_metrics(batch))
             self.algorithm.on_step_end(batch, step)
             row.update(self.algorithm.step_metrics(batch))
@@ -296,7 +307,8 @@ class Trainer:
         with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
             if problems:
                 prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-                settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
+                settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature,
+                                             top_p=1.0)
                 batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
@@ -335,7 +347,8 @@ class Trainer:
         if self._stop_requested:
             raise KeyboardInterrupt  # second Ctrl-C: stop now, without a checkpoint
         self._stop_requested = True
-        self._say("[yellow]interrupt:[/] finishing this step, then writing a checkpoint (Ctrl-C again to abort at once)")
+        self._say("[yellow]interrupt:[/] finishing this step, then writing a checkpoint "
+                  "(Ctrl-C again to abort at once)")
 
     def _say(self, text: str):
         if self.acc.is_main_process:
@@ -343,7 +356,7 @@ class Trainer:
 
             Console(stderr=True).print(text)
 
-    # ------------------------------------------------------------ checkpoints (meds_cli/engine/run_folders/checkpoints.py)
+    # ------------------------------------------------------------ checkpoints (run_folders/checkpoints.py)
 
     def _training_state(self) -> checkpoints.TrainingState:
         return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position)

@@ -23,7 +23,12 @@ from pathlib import Path
 
 from meds_cli.core.errors import FULL_DISK_ERRNOS, UserError, os_error
 from meds_cli.core.jsonl import append_rows, read_rows, rewrite_rows
-from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_path, checkpoint_problem, require_checkpoint
+from meds_cli.engine.run_folders.checkpoint_store import (
+    all_steps,
+    checkpoint_path,
+    checkpoint_problem,
+    require_checkpoint,
+)
 from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock
 
 METRICS_FILE = "metrics.jsonl"
@@ -65,7 +70,8 @@ def claim_run_dir(path: Path, lock: RunLock | None = None) -> Path:
     if any(p.name != LOCK_NAME for p in path.iterdir()):
         if lock is not None:
             lock.release()
-        raise UserError(f"run folder '{path}' already holds files; continue it with --resume {path} or choose another --output")
+        raise UserError(f"run folder '{path}' already holds files; continue it with --resume {path} "
+                        "or choose another --output")
     return path
 
 
@@ -118,7 +124,7 @@ def metrics_rows(run_dir: Path) -> list[dict]:
     return MetricsLog(Path(run_dir) / METRICS_FILE).rows()
 
 
-# ---------------------------------------------------------------- checkpoints (meds_cli/engine/run_folders/checkpoint_store.py)
+# ---------------------------------------------------------------- checkpoints (run_folders/checkpoint_store.py)
 
 
 def list_checkpoints(run_dir: Path) -> list[int]:

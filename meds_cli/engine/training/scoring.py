@@ -134,8 +134,9 @@ def _shared_prompt_states(model, input_ids, attention_mask, prompt_width: int):
     # The prompt through the bare module: under DDP only the call below goes through the wrapper,
     # which prepares the gradient reduction for one backward over both.
     inner = getattr(model, "module", model)
-    out, prompt_last = _final_states(inner, output_hidden_states=False, input_ids=prompt_ids, attention_mask=prompt_mask,
-                                     position_ids=position_ids_for(prompt_mask), use_cache=True)
+    out, prompt_last = _final_states(inner, output_hidden_states=False, input_ids=prompt_ids,
+                                     attention_mask=prompt_mask, position_ids=position_ids_for(prompt_mask),
+                                     use_cache=True)
     cache = output_cache(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
@@ -164,9 +165,10 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
         mask = rollouts.attention_mask[rows].to(device)
         tokens = rollouts.response_ids[rows].to(device)
         response_mask = rollouts.response_mask[rows].to(device)
-        logp, entropy, hidden, last = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
-                                                     response_mask=response_mask, chunk_tokens=chunk_tokens,
-                                                     hidden_states=wants_hidden_states, share_prompts=share_prompts)
+        logp, entropy, hidden, last = policy_forward(model, ids, mask, rollouts.prompt_width, tokens,
+                                                     temperature=temperature, response_mask=response_mask,
+                                                     chunk_tokens=chunk_tokens, hidden_states=wants_hidden_states,
+                                                     share_prompts=share_prompts)
         old.append(logp.cpu())
         ent.append(entropy.cpu())
         if observe is not None:
@@ -174,8 +176,9 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
                                 make_logits=lambda last=last: full_precision(logits_of(last))))
         if with_reference:
             with disable_adapter():
-                ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,
-                                                   response_mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=False,
+                ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens,
+                                                   temperature=temperature, response_mask=response_mask,
+                                                   chunk_tokens=chunk_tokens, with_entropy=False,
                                                    share_prompts=share_prompts)
             ref.append(ref_logp.cpu())
     rollouts.old_logp = torch.cat(old)

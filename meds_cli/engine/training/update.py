@@ -90,12 +90,14 @@ def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None])
 
     def adamw(module):
         params = [p for p in module.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                 weight_decay=optim_cfg.weight_decay)
 
     if train_cfg.sharding == "fsdp2" and acc.num_processes > 1:
         model.to(acc.device)
         gpu_bf16 = acc.device.type == "cuda" and acc.mixed_precision == "bf16"
-        sharded = sharding.shard_model(model, sharding.device_mesh(acc), param_dtype=torch.bfloat16 if gpu_bf16 else None)
+        sharded = sharding.shard_model(model, sharding.device_mesh(acc),
+                                       param_dtype=torch.bfloat16 if gpu_bf16 else None)
         return Policy(model, acc.prepare(adamw(model)), sharded)
     if train_cfg.sharding == "fsdp2":
         say("[yellow]note:[/] train.sharding=fsdp2 with one process has nothing to shard; training unsharded")
@@ -111,7 +113,7 @@ def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSetting
     the old log-probs are this forward's own, detached: they fill batch.old_logp, and its entropy
     batch.entropy. The rollout engine is released for the update (vLLM sleeps) and told of every
     optimizer step."""
-    model, world, device = policy.model, acc.num_processes, acc.device
+    model, world = policy.model, acc.num_processes
     engine.release()
     model.train()
     size = batch.size

@@ -137,7 +137,8 @@ def _check_values(values, expected: int, where: str) -> list[float]:
     if not isinstance(values, (list, tuple)):
         raise UserError(f"{where} returned a {type(values).__name__}; it must return a list of {expected} floats")
     if len(values) != expected:
-        raise UserError(f"{where} returned {len(values)} values for {expected} responses; it must return one float per response")
+        raise UserError(f"{where} returned {len(values)} values for {expected} responses; "
+                        "it must return one float per response")
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."  # 10**400 has 401 digits
