@@ -186,7 +186,8 @@ def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
 def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     """Draw several evals on one plot and print a comparison table; writes compare.json too."""
     if len(targets) < 2:
-        raise UserError(f"--compare needs at least two evals (runs, eval folders or results.json files), got {len(targets)}")
+        raise UserError(f"--compare needs at least two evals (runs, eval folders or results.json files), "
+                        f"got {len(targets)}")
     labelled = _unique_labels([load_results(t) for t in targets])
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Protocol
 
 from benchmarks.answer_extraction import answer_key
+from benchmarks.code_rows import row_count_mismatch
 from benchmarks.generation import Backend, Generated, Request
 from benchmarks.paired_stats import mean_interval, per_problem_pass_at_k
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
-from benchmarks.code_rows import row_count_mismatch
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
@@ -81,9 +81,11 @@ class EvalSettings:
     def validate(self) -> None:
         checks = [
             (self.k >= 1, f"--k must be >= 1, got {self.k}"),
-            (self.n is None or self.n >= self.k, f"--n ({self.n}) must be at least --k ({self.k}): pass@k needs n >= k samples"),
+            (self.n is None or self.n >= self.k,
+             f"--n ({self.n}) must be at least --k ({self.k}): pass@k needs n >= k samples"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
-            (self.prompt in ("auto", "boxed", "chat"), f"unknown --prompt '{self.prompt}'; accepted: auto, boxed, chat"),
+            (self.prompt in ("auto", "boxed", "chat"),
+             f"unknown --prompt '{self.prompt}'; accepted: auto, boxed, chat"),
             (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
@@ -301,7 +303,8 @@ class EvalOutcome:
     problems: dict[str, int] = field(default_factory=dict)
 
 
-def load_benchmarks(names: list[str], data_dir: Path | None, limit: int | None) -> list[tuple[Benchmark, list[Problem]]]:
+def load_benchmarks(names: list[str], data_dir: Path | None,
+                    limit: int | None) -> list[tuple[Benchmark, list[Problem]]]:
     """Each named benchmark with its (first `limit`) problems; unknown names fail with did-you-mean."""
     from benchmarks import load_all
     from benchmarks.registry import BENCHMARKS

@@ -14,7 +14,8 @@ from meds_cli import __version__
 from meds_cli.commands.export import export_command
 from meds_cli.core.errors import UserError, os_error, storage_error
 
-app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
+app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and "
+                       "inspect it.",
                   rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False)
 err = Console(stderr=True)
 
@@ -37,7 +38,7 @@ def _one_line_errors(command, doing: str, then: str = ""):
         except UserError as error:
             fail(str(error))
         except KeyboardInterrupt:
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except UnicodeDecodeError as error:  # a reader that did not say which file (read_user_text does)
             fail(f"could not {doing}: a file it read is not UTF-8 text ({error.reason} at byte {error.start}); "
                  f"give text files")
@@ -64,29 +65,41 @@ def _version(value: bool):
 
 
 @app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False):
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False):
     """meds: train with GRPO, DAPO, MEDS, EDAS or RLIF-multireward; evaluate; inspect."""
 
 
 @command("train", doing="write the run folder")
 def train(
-    config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="YAML config file; repeatable, later files win.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
-    algo: Annotated[Optional[str], typer.Option(help="Algorithm: grpo, dapo, meds, edas, rlif-multireward (see `meds list`).")] = None,
-    base: Annotated[Optional[str], typer.Option(help="Base algorithm under a shaping method (meds, edas): dapo or grpo.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Hub id, alias (Qwen2.5-Math-1.5B ...), local dir, .gguf file, or smollm2-135m.")] = None,
-    task: Annotated[Optional[str], typer.Option(help="Training task: arithmetic, math, copy (see `meds list`).")] = None,
+    config: Annotated[Optional[list[Path]], typer.Option(
+        "--config", "-c", help="YAML config file; repeatable, later files win.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
+    algo: Annotated[Optional[str], typer.Option(
+        help="Algorithm: grpo, dapo, meds, edas, rlif-multireward (see `meds list`).")] = None,
+    base: Annotated[Optional[str], typer.Option(
+        help="Base algorithm under a shaping method (meds, edas): dapo or grpo.")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        help="Hub id, alias (Qwen2.5-Math-1.5B ...), local dir, .gguf file, or smollm2-135m.")] = None,
+    task: Annotated[Optional[str], typer.Option(
+        help="Training task: arithmetic, math, copy (see `meds list`).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
-    output: Annotated[Optional[Path], typer.Option(help="Run folder to create (default runs/<time>-<algo>-<tag>).")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        help="Run folder to create (default runs/<time>-<algo>-<tag>).")] = None,
     tag: Annotated[Optional[str], typer.Option(help="Suffix of the run folder name.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest complete checkpoint.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(
+        help="Continue the run in this folder from its newest complete checkpoint.")] = None,
     step: Annotated[Optional[int], typer.Option(help="With --resume: the checkpoint step to continue from.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens per step; load nothing, create nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens "
+                          "per step; load nothing, create nothing.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
-    from meds_cli.commands.train import dry_run as show_plan, run_training
+    from meds_cli.commands.train import dry_run as show_plan
+    from meds_cli.commands.train import run_training
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
@@ -100,24 +113,40 @@ def train(
 
 @command("eval", doing="write the eval outputs", then="then run the same command: it keeps the samples drawn so far")
 def eval_cmd(
-    targets: Annotated[Optional[list[Path]], typer.Argument(help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json files.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
+    targets: Annotated[Optional[list[Path]], typer.Argument(
+        help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json "
+             "files.")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step of the run (default: the latest).")] = None,
-    benchmarks: Annotated[Optional[str], typer.Option(help="Comma-separated benchmarks (see `meds list`), or heldout (a run's held-out split). Default: for a run, what it trained for (math500 for a math run, else its held-out split); math500 for --model.")] = None,
+    benchmarks: Annotated[Optional[str], typer.Option(
+        help="Comma-separated benchmarks (see `meds list`), or heldout (a run's held-out split). Default: for a run, "
+             "what it trained for (math500 for a math run, else its held-out split); math500 for --model.")] = None,
     k: Annotated[int, typer.Option("--k", help="Report pass@k and maj@k for k = 1, 2, 4, ... up to this.")] = 128,
-    n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
+    n: Annotated[Optional[int], typer.Option(
+        "--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
-    prompt: Annotated[str, typer.Option(help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed (Qwen-Math, plain text) or chat.")] = "auto",
+    data_dir: Annotated[Optional[Path], typer.Option(
+        help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
+    prompt: Annotated[str, typer.Option(
+        help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed "
+             "(Qwen-Math, plain text) or chat.")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Response length limit in tokens (default: a run's own on its held-out split, else 4096).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Response length limit in tokens (default: a run's own on its held-out split, else 4096).")] = None,
+    seed: Annotated[int, typer.Option(
+        help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Sequences per HF generate call.")] = 64,
-    backend: Annotated[str, typer.Option(help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
-    dtype: Annotated[Optional[str], typer.Option(help="Weight dtype (default: the run's, else bfloat16 on GPU, float32 on CPU).")] = None,
-    output: Annotated[Optional[Path], typer.Option(help="Output folder (default RUN_DIR/eval/step_N, or runs/eval-<time>-<model>); an existing one is resumed.")] = None,
-    compare: Annotated[bool, typer.Option("--compare", help="Compare the given evals on one plot and a table; generates nothing.")] = False,
+    backend: Annotated[str, typer.Option(
+        help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
+    dtype: Annotated[Optional[str], typer.Option(
+        help="Weight dtype (default: the run's, else bfloat16 on GPU, float32 on CPU).")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        help="Output folder (default RUN_DIR/eval/step_N, or runs/eval-<time>-<model>); an existing one is "
+             "resumed.")] = None,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Compare the given evals on one plot and a table; generates nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ):
     """Evaluate a run's checkpoint or a model on benchmarks: pass@k, maj@k, length; resumable."""
@@ -145,9 +174,11 @@ def list_cmd():
 
 @command("cluster-inspect", doing="write the inspection plots")
 def cluster_inspect_cmd(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="A run folder of a MEDS run (default: the newest run under runs/).")] = None,
+    run_dir: Annotated[Optional[Path], typer.Argument(
+        help="A run folder of a MEDS run (default: the newest run under runs/).")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step to read (default: the latest).")] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="Prompt id to detail (default: the one with the largest wrong cluster).")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        help="Prompt id to detail (default: the one with the largest wrong cluster).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     output: Annotated[Optional[Path], typer.Option(help="Folder for the PNGs (default RUN_DIR/inspect).")] = None,
 ):
@@ -165,28 +196,40 @@ def cluster_inspect_cmd(
 @command("ablate", doing="write the ablation folder",
          then="then run the same command with the same --output: it continues where it stopped")
 def ablate(
-    config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Base override section.key=value (repeatable).")] = None,
+    config: Annotated[Optional[list[Path]], typer.Option(
+        "--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", "-s", help="Base override section.key=value (repeatable).")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="YAML grid of variants (configs/ablate/*.yaml).")] = None,
-    features: Annotated[Optional[str], typer.Option(help="Comma-separated meds.features: logits, semantic, hidden_mean, random.")] = None,
-    clusterer: Annotated[Optional[str], typer.Option(help="Comma-separated meds.clusterer: hdbscan, kmeans, dbscan, agglomerative.")] = None,
+    features: Annotated[Optional[str], typer.Option(
+        help="Comma-separated meds.features: logits, semantic, hidden_mean, random.")] = None,
+    clusterer: Annotated[Optional[str], typer.Option(
+        help="Comma-separated meds.clusterer: hdbscan, kmeans, dbscan, agglomerative.")] = None,
     layers: Annotated[Optional[str], typer.Option(help="Comma-separated meds.layers: last_half, last:K.")] = None,
-    seeds: Annotated[Optional[str], typer.Option(help="Comma-separated seeds; every variant runs once per seed.")] = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Comma-separated seeds; every variant runs once per seed.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per variant.")] = None,
-    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Leave out the baseline run of the base algorithm (DAPO).")] = False,
-    output: Annotated[Optional[Path], typer.Option(help="Ablation folder (default runs/ablate-<time>); an existing one is continued.")] = None,
-    benchmarks: Annotated[str, typer.Option(help="'heldout' (the task's held-out split) or comma-separated benchmarks.")] = "heldout",
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
+    no_baseline: Annotated[bool, typer.Option(
+        "--no-baseline", help="Leave out the baseline run of the base algorithm (DAPO).")] = False,
+    output: Annotated[Optional[Path], typer.Option(
+        help="Ablation folder (default runs/ablate-<time>); an existing one is continued.")] = None,
+    benchmarks: Annotated[str, typer.Option(
+        help="'heldout' (the task's held-out split) or comma-separated benchmarks.")] = "heldout",
+    data_dir: Annotated[Optional[Path], typer.Option(
+        help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
     k: Annotated[int, typer.Option("--k", help="Report pass@k for k = 1, 2, 4, ... up to this.")] = 8,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
     temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and stop.")] = False,
-    estimate: Annotated[bool, typer.Option("--estimate", help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
+    estimate: Annotated[bool, typer.Option(
+        "--estimate",
+        help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
-    from meds_cli.commands.ablate import dry_run as show_plan, make_plan, run_ablation
+    from meds_cli.commands.ablate import dry_run as show_plan
+    from meds_cli.commands.ablate import make_plan, run_ablation
     from meds_cli.commands.ablate_eval import EvalOptions
 
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meds_cli.commands.ablate import Grid, expand, grid_from_flags, make_plan, read_grid, variant_sets
 from meds_cli.app import app
-from meds_cli.engine.config import load_config
+from meds_cli.commands.ablate import Grid, expand, grid_from_flags, make_plan, read_grid, variant_sets
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import load_config
 from tests.conftest import TINY_COPY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,8 @@ def test_bad_input_is_a_user_error(tmp_path):
     grid.write_text("axis:\n  meds.features: [logits]\n")
     with pytest.raises(UserError, match="unknown key 'axis'.*did you mean 'axes'"):
         plan(grid_file=grid)
-    result = runner.invoke(app, ["ablate", "--features", "logit", "--dry-run", *sum((["--set", s] for s in TINY_SETS), [])])
+    result = runner.invoke(app, ["ablate", "--features", "logit", "--dry-run",
+                                 *sum((["--set", s] for s in TINY_SETS), [])])
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "did you mean 'logits'" in lines[0], result.output
 
@@ -130,7 +131,8 @@ def test_two_variant_ablation_end_to_end(tmp_path):
         run = folder / name
         assert (run / "config.yaml").is_file() and (run / "checkpoints" / "step_2").is_dir()
         assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
-        assert json.loads((run / "eval" / "heldout" / "results.json").read_text())["average"]["pass@k"].keys() == {"1", "2"}
+        results = json.loads((run / "eval" / "heldout" / "results.json").read_text())
+        assert results["average"]["pass@k"].keys() == {"1", "2"}
     assert load_config([str(folder / "features-random" / "config.yaml")]).section("meds").features == "random"
     for file in ("summary.md", "summary.csv", "summary.json", "reward_curves.png", "pass_at_k.png", "diagnostics.png"):
         assert (folder / file).stat().st_size > 0, file
@@ -190,5 +192,6 @@ def test_curves_over_seeds_mean_and_std():
     curves = curves_over_seeds(variants, results, "c")
     xs, mean, std = curves["a"]
     # step 1: values 0.2, 0.4 -> mean 0.3, std (ddof 1) sqrt(0.02) = 0.141421; step 2: only 0.4, std 0
-    assert xs == [1, 2] and mean.tolist() == pytest.approx([0.3, 0.4]) and std.tolist() == pytest.approx([0.141421, 0.0], abs=1e-6)
+    assert xs == [1, 2] and mean.tolist() == pytest.approx([0.3, 0.4])
+    assert std.tolist() == pytest.approx([0.141421, 0.0], abs=1e-6)
     assert curves["b"][1].tolist() == [1.0] and curves["b"][2].tolist() == [0.0]

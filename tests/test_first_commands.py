@@ -14,8 +14,8 @@ from benchmarks.generation import Generated
 from meds_cli.app import app
 from meds_cli.commands.eval import choose_prompt, prompt_warning
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout import eval_backends
 from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.rollout import eval_backends
 from meds_cli.engine.run_folders.run_dir import newest_run
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
@@ -118,7 +118,8 @@ def test_mostly_one_token_answers_are_reported_as_a_prompt_problem(tmp_path, dat
     monkeypatch.setattr(eval_backends.HFBackend, "generate", empty_answers)
     result = invoke("eval", "--model", "tiny-llama", *EVAL, "--data-dir", data_dir, "--output", tmp_path / "out")
     assert result.exit_code == 0, result.output
-    assert "the prompt is probably wrong for this model (it was given the boxed prompt; try --prompt chat)" in result.output
+    assert ("the prompt is probably wrong for this model (it was given the boxed prompt; try --prompt chat)"
+            in result.output)
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     assert document["benchmarks"]["math500"]["short_response_share"] == 1.0
     assert "math500 100%" in document["warnings"][0]

@@ -31,13 +31,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meds_cli.engine.run_folders import run_dir as runs
-from meds_cli.engine.config import load_config, read_yaml
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
+from meds_cli.engine.config import load_config, read_yaml
+from meds_cli.engine.run_folders import run_dir as runs
 
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
-SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers", "train.seed": "seed"}
+SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
+               "train.seed": "seed"}
 GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline")
 STATE_FILE = "ablation.json"
 
@@ -82,10 +83,12 @@ def read_grid(path: Path) -> Grid:
     data = read_yaml(path)
     for key in data:
         if key not in GRID_KEYS:
-            raise UserError(f"unknown key '{key}' in grid '{path}'{nearest(key, GRID_KEYS)}; valid: {', '.join(GRID_KEYS)}")
+            raise UserError(f"unknown key '{key}' in grid '{path}'{nearest(key, GRID_KEYS)}; "
+                            f"valid: {', '.join(GRID_KEYS)}")
     axes = data.get("axes") or {}
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
-        raise UserError(f"grid '{path}': axes must map config keys to non-empty lists, e.g. meds.features: [logits, semantic]")
+        raise UserError(f"grid '{path}': axes must map config keys to non-empty lists, "
+                        f"e.g. meds.features: [logits, semantic]")
     variants = []
     for item in data.get("variants") or []:
         if not isinstance(item, dict) or "name" not in item or not isinstance(item.get("set", {}), dict):
@@ -225,7 +228,8 @@ def run_ablation(plan: Plan, eval_options, *, console, quiet: bool = False, argv
         try:
             train_variant(plan, variant, console, quiet, list(argv))
         except KeyboardInterrupt:
-            console.print(f"[yellow]stopped[/] in {variant.name}; run the same command with --output {plan.folder} to continue")
+            console.print(f"[yellow]stopped[/] in {variant.name}; "
+                          f"run the same command with --output {plan.folder} to continue")
             raise
         evaluate_variant(run_dir, eval_options, console)
     return write_report(plan.folder, plan.variants, eval_options, console)
@@ -250,7 +254,9 @@ def probe_step_seconds(plan: Plan) -> float:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def dry_run(plan: Plan, console, probe: bool = False) -> dict:
@@ -258,7 +264,8 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     (loading its model first) and estimate the training time."""
     from rich.table import Table
 
-    table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each -> {plan.folder}",
+    table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each "
+                        f"-> {plan.folder}",
                   title_justify="left")
     table.add_column("variant")
     table.add_column("overrides")

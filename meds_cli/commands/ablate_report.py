@@ -75,7 +75,8 @@ def variant_result(run_dir: Path, results_file: Path) -> dict:
     times = [r["time_step_s"] for r in rows if "time_step_s" in r]
     return {
         "pass@1": passk.get("1"), "pass@k": passk.get(str(ks[-1])) if ks else None, "k": ks[-1] if ks else None,
-        "final_reward": _tail_mean(rows, "reward"), "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
+        "final_reward": _tail_mean(rows, "reward"),
+        "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
         "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
         "time_per_step_s": float(np.mean(times)) if times else None,
         **{curve: [[r["step"], r[metric]] for r in rows if metric in r] for curve, metric, _ in STEP_CURVES},
@@ -261,7 +262,8 @@ def write_report(folder: Path, variants, eval_options, console) -> dict:
     write_csv(rows, folder / "summary.csv")
     summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons,
                "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
-               "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides} for v in variants]}
+               "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides}
+                            for v in variants]}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if comparisons:
         write_paired(comparisons, folder)

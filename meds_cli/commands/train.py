@@ -16,14 +16,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
-from meds_cli.engine.run_folders import run_dir as runs
-from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
+from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
 from meds_cli.engine.run_folders.run_lock import RunLock
-from meds_cli.core.cpu_budget import configure_torch_threads
 
 LIVE_KEYS = [("reward", "reward"), ("accuracy", "acc"), ("response_length_mean", "len"), ("entropy", "ent"),
              ("loss", "loss"), ("time_step_s", "s/step")]
@@ -59,7 +59,10 @@ def prepare_run(config_files, overrides, shortcuts, resume: Path | None, step: i
 
     load_all()
     TASKS.get(cfg.task.name)  # fail on a wrong name before creating anything
-    target = Path(cfg.train.output_dir) if cfg.train.output_dir else runs.new_run_dir(cfg.train.runs_root, cfg.algo.name, cfg.train.tag)
+    if cfg.train.output_dir:
+        target = Path(cfg.train.output_dir)
+    else:
+        target = runs.new_run_dir(cfg.train.runs_root, cfg.algo.name, cfg.train.tag)
     runs.check_output_path(target)
     return RunPlan(cfg, target, False)
 
@@ -164,8 +167,8 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
     if not plan.resuming:
         refuse_real_model_on_default_task(plan.cfg, task_was_chosen(config_files, overrides, shortcuts))
-    from meds_cli.engine.training.sharding import close_process_group, make_accelerator
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
+    from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     configure_torch_threads()  # this process's share of the cores (accelerate launch starts several)
@@ -225,7 +228,8 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
         cfg.train.output_dir = str(run_dir)
         if not plan.resuming:
             runs.write_provenance(run_dir, list(argv))
-    console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  task: {cfg.task.name}")
+    console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  "
+                  f"task: {cfg.task.name}")
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
         return 0
@@ -246,7 +250,8 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     except KeyboardInterrupt:
         steps = runs.list_checkpoints(run_dir)
         where = f"checkpoint at step {steps[-1]}" if steps else "no checkpoint yet"
-        console.print(f"[yellow]stopped[/] at step {trainer.step} ({where}); continue with: meds train --resume {run_dir}")
+        console.print(f"[yellow]stopped[/] at step {trainer.step} ({where}); "
+                      f"continue with: meds train --resume {run_dir}")
         return 130
     if main:
         print_summary(console, run_dir, runs.metrics_rows(run_dir))

@@ -110,8 +110,8 @@ def full_precision(t: torch.Tensor) -> torch.Tensor:
 
 def lens_token_logits(states: list[torch.Tensor], layers: list[int], last_layer: int, tokens: torch.Tensor, head,
                       norm=None) -> torch.Tensor:
-    """The logit lens: [b, L] logit (fp32, or fp64 for an fp64 model) of token tokens[i] read through the output head from
-    states[k][i], the hidden state [b, H] of layer layers[k]. `norm` (the final norm) is applied
+    """The logit lens: [b, L] logit (fp32, or fp64 for an fp64 model) of token tokens[i] read through the output
+    head from states[k][i], the hidden state [b, H] of layer layers[k]. `norm` (the final norm) is applied
     to every layer but `last_layer`, whose state transformers returns normalised already. A plain
     linear head needs only its row of each token (a dot product, not a projection onto the whole
     vocabulary); any other head is applied in full."""
