@@ -3,7 +3,11 @@
 Importing this package imports every algorithm module so that all of them are registered.
 """
 
+from algorithms import (  # noqa: F401,E402  # noqa: F401,E402
+    dapo,
+    edas,
+    grpo,
+    meds,  # noqa: F401,E402
+    rlif_multireward,
+)
 from algorithms.base import ALGORITHMS, Algorithm, AlgorithmContext, OnBase, compose_algorithm, register  # noqa: F401
-from algorithms import grpo, dapo  # noqa: F401,E402
-from algorithms import edas, rlif_multireward  # noqa: F401,E402
-from algorithms import meds  # noqa: F401,E402

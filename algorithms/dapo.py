@@ -23,7 +23,8 @@ from meds_cli.core.records import CORRECTNESS
 @dataclass
 class DAPOConfig(GRPOConfig):
     clip_high: float = doc(0.28, "eps_high (clip-higher)")
-    loss_agg: str = choice("token-mean", GRPOConfig.__dataclass_fields__["loss_agg"].metadata["choices"], "loss aggregation")
+    loss_agg: str = choice("token-mean", GRPOConfig.__dataclass_fields__["loss_agg"].metadata["choices"],
+                           "loss aggregation")
     dynamic_sampling: bool = doc(True, "drop groups with equal rewards and sample more prompts")
     max_gen_batches: int = doc(3, "sampling rounds per step at most (dynamic sampling)", at_least(1))
     filter_metric: str = choice(CORRECTNESS, [CORRECTNESS, "reward"], "what must vary within a kept group")
@@ -65,7 +66,8 @@ class DAPO(Algorithm):
     def keep_groups(self, rollouts):
         if not self.config.dynamic_sampling:
             return super().keep_groups(rollouts)
-        metric = rollouts.reward_components[CORRECTNESS] if self.config.filter_metric == CORRECTNESS else rollouts.rewards
+        metric = (rollouts.reward_components[CORRECTNESS] if self.config.filter_metric == CORRECTNESS
+                  else rollouts.rewards)
         return ~zero_spread_groups(metric, rollouts.group_size)
 
     def loss_mask(self, rollouts):

@@ -56,7 +56,8 @@ def error_entropy_terms(labels: Sequence[Hashable]) -> tuple[list[float], float]
     return surprisal, entropy
 
 
-def diversity_delta(labels: Sequence[Hashable], abs_advantages: Sequence[float], alpha: float, beta: float) -> tuple[list[float], str]:
+def diversity_delta(labels: Sequence[Hashable], abs_advantages: Sequence[float], alpha: float,
+                    beta: float) -> tuple[list[float], str]:
     """Delta_i for the wrong responses of one group and which case applied ('none', 'single', 'diverse')."""
     n = len(labels)
     if n <= 1:

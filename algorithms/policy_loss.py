@@ -100,7 +100,8 @@ def _dual_clip_bound(config):
 
 @register_policy_loss("vanilla", "PPO clipped surrogate with clip-higher; dual clip for A < 0 when dual_clip is true")
 def vanilla_policy_loss(logp, old_logp, advantages, mask, config):
-    return clipped_surrogate(logp, old_logp, advantages, mask, config.clip_low, config.clip_high, _dual_clip_bound(config))
+    return clipped_surrogate(logp, old_logp, advantages, mask, config.clip_low, config.clip_high,
+                             _dual_clip_bound(config))
 
 
 @register_policy_loss("dual-clip", "PPO clipped surrogate with the dual clip bound clip_ratio_c always on for A < 0")
@@ -108,7 +109,8 @@ def dual_clip_policy_loss(logp, old_logp, advantages, mask, config):
     return clipped_surrogate(logp, old_logp, advantages, mask, config.clip_low, config.clip_high, config.clip_ratio_c)
 
 
-@register_policy_loss("kl-cov", "clipped surrogate, with |logp - old_logp| on the top kl_cov_ratio tokens by covariance")
+@register_policy_loss("kl-cov",
+                      "clipped surrogate, with |logp - old_logp| on the top kl_cov_ratio tokens by covariance")
 def kl_cov_policy_loss(logp, old_logp, advantages, mask, config):
     return kl_cov_loss(logp, old_logp, advantages, mask, config.kl_cov_ratio, config.kl_cov_coef,
                        config.clip_low, config.clip_high, _dual_clip_bound(config))

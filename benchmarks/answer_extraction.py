@@ -67,8 +67,8 @@ _NUMBER_IN_TEXT = re.compile(r"(?<![\w.)\]])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+
 def last_number(text: str) -> str | None:
     """The last number written in text (thousands commas removed), or None."""
     last = None
-    for last in _NUMBER_IN_TEXT.finditer(text):
-        pass
+    for match in _NUMBER_IN_TEXT.finditer(text):  # kept one at a time: no list of every number in a long text
+        last = match
     return last.group(0).replace(",", "") if last else None
 
 

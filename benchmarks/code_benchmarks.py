@@ -24,7 +24,12 @@ from typing import Sequence
 from benchmarks import code_loaders
 from benchmarks.code_compare import MBPP_SET_EQUAL, RAISED, as_json_lists, evalplus_input_ok, lines_match
 from benchmarks.code_expected import (
-    ensure_expected, encoded_inputs, expected_for, group_budget, group_ranges, time_limit,
+    encoded_inputs,
+    ensure_expected,
+    expected_for,
+    group_budget,
+    group_ranges,
+    time_limit,
 )  # fmt: skip
 from benchmarks.code_extraction import defines, extract_code, parses
 from benchmarks.code_harness import REPORT_FILE, harness_source, payload, read_records
@@ -32,7 +37,6 @@ from benchmarks.code_values import Opaque, Unequal, decode_value, digest, encode
 from benchmarks.registry import BENCHMARKS, Benchmark
 from benchmarks.sandbox import Job, ProgramResult, run_many
 from meds_cli.core.records import Problem, Verdict
-
 
 CHECK_TIMEOUT_S = 4.0  # a HumanEval check(candidate): a few asserts
 SCRIPT_TIMEOUT_S = 60.0  # a hub MBPP+ test script: every input of the task in one program

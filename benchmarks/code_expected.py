@@ -21,8 +21,8 @@ from typing import Sequence
 from benchmarks.code_compare import MBPP_NOT_NONE
 from benchmarks.code_harness import REPORT_FILE, harness_source, payload, read_records
 from benchmarks.code_values import decode_value, encode_value
-from meds_cli.core.records import Problem
 from benchmarks.sandbox import Job, run_many
+from meds_cli.core.records import Problem
 
 log = logging.getLogger(__name__)
 

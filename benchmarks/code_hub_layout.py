@@ -46,7 +46,8 @@ def _literal(node):
 
 def _assigned(tree: ast.Module, name: str):
     for statement in tree.body:
-        if isinstance(statement, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in statement.targets):
+        if isinstance(statement, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                     for t in statement.targets):
             return statement.value
     return None
 

@@ -23,9 +23,8 @@ from typing import Any
 
 from benchmarks.code_hub_layout import release_row
 from benchmarks.code_rows import Rows, hub_rows, read_json_lines, to_problems
-from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
-
+from meds_cli.core.records import Problem
 
 _FILES = {
     "humanevalplus": "humanevalplus/HumanEvalPlus.jsonl.gz",

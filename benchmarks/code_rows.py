@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from meds_cli.core.records import Problem
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
 
 log = logging.getLogger(__name__)
 

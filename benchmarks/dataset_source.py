@@ -18,8 +18,8 @@ from meds_cli.core.errors import UserError
 
 LOCAL_FORMATS = (".json", ".jsonl", ".parquet")
 # What task.columns may map: the task's field -> what it holds.
-FIELDS = {"problem": "the problem text", "answer": "the gold answer", "solution": "a worked solution with a \\boxed{} answer",
-          "id": "a problem id"}
+FIELDS = {"problem": "the problem text", "answer": "the gold answer",
+          "solution": "a worked solution with a \\boxed{} answer", "id": "a problem id"}
 
 
 def is_local(path: str) -> bool:
@@ -58,7 +58,8 @@ def read_hub(name: str, subset: str = "", split: str = "train", revision: str = 
         data = datasets.load_dataset(name, subset or None, split=split or "train", revision=revision or None)
     except Exception as error:  # offline, unknown id or split, no access: all end the same way for the user
         detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        where = name + (f" subset {subset}" if subset else "") + f" split {split or 'train'}" + (f" revision {revision}" if revision else "")
+        where = (name + (f" subset {subset}" if subset else "") + f" split {split or 'train'}"
+                 + (f" revision {revision}" if revision else ""))
         raise UserError(f"cannot load dataset '{where}' from the dataset hub or its cache ({detail}); "
                         "give a local JSON/JSONL/Parquet file as task.path instead") from None
     return [Row(i, f"row {i}", dict(row)) for i, row in enumerate(data)]

@@ -22,8 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from meds_cli.core.records import Problem, Verdict
 from benchmarks.sandbox import Job, run_many
+from meds_cli.core.records import Problem, Verdict
 
 KNOWN_EVALPLUS_BUGS = frozenset({"HumanEval/32"})
 _REPORT = "evalplus_verdicts.json"

@@ -43,7 +43,8 @@ def _number_text(value) -> str:
     """27.0 -> '27', 3 -> '3', '025' -> '25' (AIME answers are 0-999 written with 3 digits).
 
     A missing or empty answer is a BadRow, never the text 'None'."""
-    if value is None or isinstance(value, (bool, list, dict)) or (isinstance(value, float) and not math.isfinite(value)):
+    if (value is None or isinstance(value, (bool, list, dict))
+            or (isinstance(value, float) and not math.isfinite(value))):
         raise BadRow("without an answer")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))

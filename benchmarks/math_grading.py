@@ -205,7 +205,8 @@ def _cap_cpu(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_limit_mb: int, cpu_limit_s: int) -> None:
+def serve(read_fd: int, write_fd: int, judge_name: str, op_timeout: int, memory_limit_mb: int,
+          cpu_limit_s: int) -> None:
     """A worker's main loop: answer (pred, gold) jobs read from read_fd until it closes or sends None.
 
     Runs in a fresh interpreter (see MathGrader._start); judge_name is 'module:function'.

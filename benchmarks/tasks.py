@@ -49,7 +49,8 @@ class Task:
         train, skipped = drop_long_prompts(self.train, prompt_of, tokenizer, max_tokens)
         held_out, _ = drop_long_prompts(self.held_out, prompt_of, tokenizer, max_tokens)
         if not train:
-            raise UserError(f"task.max_prompt_tokens={max_tokens} leaves none of the {before} training problems; raise it")
+            raise UserError(f"task.max_prompt_tokens={max_tokens} leaves none of the {before} training problems; "
+                            "raise it")
         self._splits = (train, held_out)
         return skipped, before
 
@@ -100,7 +101,8 @@ def grade_integer(response: str, gold: int, answer_format: str) -> Verdict:
 OPERATIONS = {"add": ("+", lambda a, b: a + b), "sub": ("-", lambda a, b: a - b), "mul": ("*", lambda a, b: a * b)}
 
 
-@TASKS.register("arithmetic", "synthetic integer arithmetic from a seed (task.operations, task.digits); integer-exact reward")
+@TASKS.register("arithmetic",
+                "synthetic integer arithmetic from a seed (task.operations, task.digits); integer-exact reward")
 class ArithmeticTask(Task):
     def make_splits(self):
         cfg = self.config  # operations and digits are checked when the config loads (TaskConfig.validate)
@@ -134,7 +136,8 @@ class ArithmeticTask(Task):
         return integer_answer(response or "", self.config.answer_format)
 
 
-@TASKS.register("copy", "toy task for tiny models: repeat the digit of the prompt 'd='; reward if the response starts with it")
+@TASKS.register("copy",
+                "toy task for tiny models: repeat the digit of the prompt 'd='; reward if the response starts with it")
 class CopyTask(Task):
     def make_splits(self):
         problems = [Problem(id=f"copy-{d}", question=f"{d}=", answer=str(d)) for d in range(10)]
@@ -148,7 +151,8 @@ class CopyTask(Task):
         for problem, response in pairs:
             first = self.read_answer(response)
             correct = first == problem.answer
-            verdicts.append(Verdict(correct, first, "correct" if correct else ("no_answer" if first is None else "wrong")))
+            outcome = "correct" if correct else ("no_answer" if first is None else "wrong")
+            verdicts.append(Verdict(correct, first, outcome))
         return verdicts
 
     answer_mode = "first_char"
@@ -157,7 +161,8 @@ class CopyTask(Task):
         return response[:1] if response else None
 
 
-@TASKS.register("math", "math word problems from a JSON/JSONL/Parquet file or hub dataset (task.path, task.columns); graded by math-verify, strict")
+@TASKS.register("math", "math word problems from a JSON/JSONL/Parquet file or hub dataset (task.path, task.columns); "
+                        "graded by math-verify, strict")
 class MathTask(Task):
     def make_splits(self):
         from benchmarks.math_benchmarks import load_math_source
@@ -185,9 +190,8 @@ class CodeTask(Task):
     def make_splits(self):
         from pathlib import Path
 
-        from benchmarks.registry import BENCHMARKS
-
         import benchmarks.code_benchmarks  # noqa: F401  (registers the code benchmarks)
+        from benchmarks.registry import BENCHMARKS
 
         data_dir = Path(self.config.path) if self.config.path else None
         problems = BENCHMARKS.get(self.benchmark).load(data_dir, None)
@@ -211,12 +215,14 @@ class CodeTask(Task):
         return verdicts
 
 
-@TASKS.register("mbppplus", "MBPP+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
+@TASKS.register("mbppplus",
+                "MBPP+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
 class MbppPlusTask(CodeTask):
     benchmark = "mbppplus"
 
 
-@TASKS.register("humanevalplus", "HumanEval+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
+@TASKS.register("humanevalplus",
+                "HumanEval+ programming problems (task.path: data folder, or the hub); sandboxed unit-test reward")
 class HumanEvalPlusTask(CodeTask):
     benchmark = "humanevalplus"
 

@@ -32,7 +32,11 @@ from benchmarks.code_benchmarks import ensure_expected  # noqa: E402
 from benchmarks.code_expected import expected_for  # noqa: E402
 from benchmarks.code_rows import read_json_lines  # noqa: E402
 from benchmarks.evalplus_agreement import (  # noqa: E402
-    KNOWN_EVALPLUS_BUGS, Candidate, agreement, evalplus_verdicts, seeded_candidates,
+    KNOWN_EVALPLUS_BUGS,
+    Candidate,
+    agreement,
+    evalplus_verdicts,
+    seeded_candidates,
 )  # fmt: skip
 
 LOADERS = {"humanevalplus": code_loaders.load_humanevalplus, "mbppplus": code_loaders.load_mbppplus}
@@ -52,9 +56,11 @@ for name in sorted({item["benchmark"] for item in request["items"]}):
     benchmark = BENCHMARKS.get(name)
     problems = {p.id: p for p in benchmark.load(Path(request["data_dir"]), None)}
     chosen = [i for i, item in enumerate(request["items"]) if item["benchmark"] == name]
-    graded = benchmark.grade([(problems[request["items"][i]["problem_id"]], request["items"][i]["response"]) for i in chosen])
+    graded = benchmark.grade([(problems[request["items"][i]["problem_id"]], request["items"][i]["response"])
+                              for i in chosen])
     for i, verdict in zip(chosen, graded):
-        verdicts[i] = {"base_passed": verdict.detail.get("base_passed"), "plus_passed": verdict.detail.get("plus_passed")}
+        verdicts[i] = {"base_passed": verdict.detail.get("base_passed"),
+                       "plus_passed": verdict.detail.get("plus_passed")}
 print(json.dumps(verdicts))
 """
 
@@ -128,8 +134,9 @@ def main() -> None:
     ours = project(candidates, args.data_dir, args.grader_root)
     result = agreement(candidates, ours, theirs)
     n, same = result["compared"], result["same"]
+    grader_s = time.perf_counter() - start - reference_s
     print(f"grader: {args.grader_root}  ({sum(len(p) for p in problems.values())} problems, {left_out} left out "
-          f"as slow; {n} candidates; evalplus {reference_s:.0f} s, grader {time.perf_counter() - start - reference_s:.0f} s)")
+          f"as slow; {n} candidates; evalplus {reference_s:.0f} s, grader {grader_s:.0f} s)")
     for what in ("base", "plus", "both", "correct"):
         print(f"  {what:7s} verdicts agree: {same[what]:4d} / {n}  ({100 * same[what] / n:.1f}%)")
     by_variant = Counter(d["variant"] for d in result["disagreements"])

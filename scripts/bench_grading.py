@@ -21,17 +21,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import benchmarks.math_benchmarks  # noqa: E402,F401  (registers the benchmarks)
 from benchmarks.answer_extraction import number_literal_value  # noqa: E402
 from benchmarks.math_grading import MathGrader  # noqa: E402
 from benchmarks.registry import BENCHMARKS  # noqa: E402
-import benchmarks.math_benchmarks  # noqa: E402,F401  (registers the benchmarks)
 
 
 def rewrite(gold: str) -> str:
     """An equivalent spelling of a gold answer that is not the same text."""
     value = number_literal_value(gold)
     if value is not None:
-        return f"{value.numerator}.0" if value.denominator == 1 else f"\\frac{{{2 * value.numerator}}}{{{2 * value.denominator}}}"
+        if value.denominator == 1:
+            return f"{value.numerator}.0"
+        return f"\\frac{{{2 * value.numerator}}}{{{2 * value.denominator}}}"
     return "\\displaystyle " + gold.replace("\\left", "").replace("\\right", "").replace("\\frac", "\\dfrac")
 
 
@@ -63,7 +65,8 @@ def main() -> None:
     with MathGrader(workers=args.workers, timeout_s=args.timeout_s) as grader:
         start = time.monotonic()
         grader.grade_many([("x+1", "1+x")] * grader.workers)  # start every worker before timing
-        print(f"pool of {grader.workers} workers, timeout {args.timeout_s:g} s; warm-up {time.monotonic() - start:.1f} s")
+        print(f"pool of {grader.workers} workers, timeout {args.timeout_s:g} s; "
+              f"warm-up {time.monotonic() - start:.1f} s")
         print(f"{'workload':<10} {'pairs':>6} {'seconds':>8} {'answers/s':>10}  outcomes / decided by")
         for name, pairs in loads.items():
             start = time.monotonic()

@@ -120,8 +120,8 @@ def run_child(variant: str, batch: int, length: int, args) -> dict:
     """measure() in a fresh process, so one variant's allocations never count in another's."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--batch", str(batch), "--length",
-           str(length), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-tokens", str(args.chunk_tokens),
-           "--temperature", str(args.temperature)]
+           str(length), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk-tokens",
+           str(args.chunk_tokens), "--temperature", str(args.temperature)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

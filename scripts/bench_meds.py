@@ -4,7 +4,8 @@ Two trainers (DAPO, MEDS on DAPO) with the same config and seed run step by step
 busy shared CPU slows both alike. The learning rate is tiny (the paper's 1e-6) so that both
 policies stay almost the same and sample the same responses: the generation work is equal and
 the difference is MEDS's own (the logit-lens values recorded while sampling, or with an engine
-that records none the scoring pass with hidden states; the anchors, clustering, memory). The first `--skip` steps (imports, lazy initialisation) are left out of the means.
+that records none the scoring pass with hidden states; the anchors, clustering, memory). The
+first `--skip` steps (imports, lazy initialisation) are left out of the means.
 
     python scripts/bench_meds.py                    # embedded SmolLM2-135M (minutes on CPU)
     python scripts/bench_meds.py --tiny --steps 6   # the in-memory tiny model (seconds)
@@ -49,7 +50,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--skip", type=int, default=1, help="first steps left out of the means")
-    parser.add_argument("--repeats", type=int, default=5, help="repeats of the sampling A/B with and without lens values (0: skip)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="repeats of the sampling A/B with and without lens values (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timings on a shared CPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra section.key=value")
     args = parser.parse_args()
@@ -86,7 +88,8 @@ def main() -> None:
                 rows[name].append(row)
                 print(f"step {step + 1} {name:5s} wall {row['time_step_s']:7.2f} s  cpu {row['cpu_step_s']:7.2f} s  "
                       f"(generate {row['time_generate_s']:.2f}, score {row['time_score_s']:.2f}, "
-                      f"train {row['time_train_s']:.2f}; {row['response_length_mean']:.1f} tokens/response)", flush=True)
+                      f"train {row['time_train_s']:.2f}; {row['response_length_mean']:.1f} tokens/response)",
+                      flush=True)
 
     def mean(name, key):
         values = [r[key] for r in rows[name][args.skip:]]
@@ -98,15 +101,17 @@ def main() -> None:
         d, m = mean("dapo", key), mean("meds", key)
         ratio = f"{m / d:8.3f}" if d else f"{'-':>8s}"  # DAPO skips the scoring pass: no score time to divide by
         print(f"{key:22s}{d:10.3f}{m:10.3f}{ratio}")
-    print(f"MEDS hooks: {mean('meds', 'hooks_s') * 1000:.1f} ms/step wall, {mean('meds', 'cpu_hooks_s') * 1000:.1f} ms/step "
-          f"CPU, of which features (observe_probe / observe_forward) {mean('meds', 'cpu_observe_s') * 1000:.1f} ms")
+    print(f"MEDS hooks: {mean('meds', 'hooks_s') * 1000:.1f} ms/step wall, "
+          f"{mean('meds', 'cpu_hooks_s') * 1000:.1f} ms/step CPU, "
+          f"of which features (observe_probe / observe_forward) {mean('meds', 'cpu_observe_s') * 1000:.1f} ms")
     print(f"MEDS hooks / DAPO step, CPU time: {mean('meds', 'cpu_hooks_s') / mean('dapo', 'cpu_step_s'):.2%}")
     if args.repeats and trainers["meds"].lens_probe is not None:
         plain, meds = sampling_ab(trainers["meds"], args.repeats)
         print(f"sampling one batch, best of {args.repeats} (interleaved): without lens values {plain:.3f} s, "
               f"recording them {meds:.3f} s ({meds / plain - 1:+.1%})")
         own = max(0.0, meds - plain) + mean("meds", "cpu_hooks_s")
-        print(f"estimated MEDS overhead per step: {own:.3f} s = {own / mean('dapo', 'cpu_step_s'):.2%} of a DAPO step (CPU)")
+        print(f"estimated MEDS overhead per step: {own:.3f} s = {own / mean('dapo', 'cpu_step_s'):.2%} "
+              "of a DAPO step (CPU)")
 
 
 def sampling_ab(trainer, repeats: int) -> tuple[float, float]:

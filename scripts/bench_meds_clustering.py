@@ -61,9 +61,9 @@ def fill_memory(algorithm, rng, prompts: int, entries: int, layers: int, modes: 
 def time_steps(workers: int, args) -> tuple[list[float], list[float], list[torch.Tensor]]:
     """Wall and CPU seconds (of this process) of shape_rewards + on_step_end per step, and the
     cluster sizes of every step."""
-    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from algorithms.meds import CLUSTER_SIZE
     from meds_cli.engine.config import load_config
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     cfg = load_config(overrides=["algo.name=meds", f"meds.cluster_workers={workers}", f"meds.assign={args.assign}",
                                  f"meds.memory_size={args.memory_size}", f"meds.target={args.target}"])

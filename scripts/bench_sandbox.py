@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import code_benchmarks, code_loaders  # noqa: E402
-from benchmarks.sandbox import isolation_mode, run_many, Job, run_program  # noqa: E402
+from benchmarks.sandbox import Job, isolation_mode, run_many, run_program  # noqa: E402
 
 
 def median_seconds(run, repeats: int) -> float:

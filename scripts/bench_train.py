@@ -28,14 +28,18 @@ def main() -> None:
     load_s = time.perf_counter() - start
     rows = [trainer.train_step() for _ in range(args.steps)]
     print(f"model {cfg.model.name}, algorithm {cfg.algo.name}, {cfg.rollout.prompts_per_step} prompts x "
-          f"{cfg.rollout.group_size} samples, max {cfg.rollout.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
+          f"{cfg.rollout.group_size} samples, max {cfg.rollout.max_new_tokens} new tokens, "
+          f"{torch.get_num_threads()} threads")
     print(f"setup (model load + LoRA): {load_s:.1f} s")
-    print(f"{'step':>4} {'generate s':>11} {'score s':>8} {'train s':>8} {'total s':>8} {'tokens/s':>9} {'mean len':>9}")
+    print(f"{'step':>4} {'generate s':>11} {'score s':>8} {'train s':>8} {'total s':>8} {'tokens/s':>9} "
+          f"{'mean len':>9}")
     for row in rows:
-        print(f"{row['step']:>4} {row['time_generate_s']:>11.2f} {row['time_score_s']:>8.2f} {row['time_train_s']:>8.2f} "
-              f"{row['time_step_s']:>8.2f} {row['tokens_per_s']:>9.1f} {row['response_length_mean']:>9.1f}")
+        print(f"{row['step']:>4} {row['time_generate_s']:>11.2f} {row['time_score_s']:>8.2f} "
+              f"{row['time_train_s']:>8.2f} {row['time_step_s']:>8.2f} {row['tokens_per_s']:>9.1f} "
+              f"{row['response_length_mean']:>9.1f}")
     n = len(rows)
-    mean = {k: sum(r[k] for r in rows) / n for k in ["time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s"]}
+    mean = {k: sum(r[k] for r in rows) / n
+            for k in ["time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s"]}
     print(f"mean {mean['time_generate_s']:>11.2f} {mean['time_score_s']:>8.2f} {mean['time_train_s']:>8.2f} "
           f"{mean['time_step_s']:>8.2f} {mean['tokens_per_s']:>9.1f}")
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -61,7 +61,8 @@ def overrides(s: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model on CPU, 8 tokens: checks the script itself")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a 2-layer model on CPU, 8 tokens: checks the script itself")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     from meds_cli.engine.config import load_config
@@ -94,14 +95,15 @@ def main(argv=None) -> int:
         rows.append(row)
         sequences = s["prompts"] * s["group"]
         trained_tokens = sequences * (row["response_length_mean"] + 40)  # responses plus about 40 prompt tokens
-        print(f"{row['step']:>4} {row['time_generate_s']:>11.2f} {row['time_score_s']:>8.2f} {row['time_train_s']:>8.2f} "
-              f"{row['time_step_s']:>8.2f} {row['tokens_per_s']:>10.1f} {trained_tokens / row['time_train_s']:>12.1f} "
-              f"{row['response_length_mean']:>9.1f}")
+        print(f"{row['step']:>4} {row['time_generate_s']:>11.2f} {row['time_score_s']:>8.2f} "
+              f"{row['time_train_s']:>8.2f} {row['time_step_s']:>8.2f} {row['tokens_per_s']:>10.1f} "
+              f"{trained_tokens / row['time_train_s']:>12.1f} {row['response_length_mean']:>9.1f}")
     if device == "cuda":
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB allocated, "
               f"{torch.cuda.max_memory_reserved() / 2**30:.1f} GiB reserved")
     else:
-        print(f"peak resident memory of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"peak resident memory of the process: {peak_gib:.2f} GiB")
     if any(row["response_length_mean"] != s["tokens"] for row in rows):
         print(f"warning: responses were not all {s['tokens']} tokens long", file=sys.stderr)
         return 1

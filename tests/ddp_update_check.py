@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import save_file
 
 from meds_cli.engine.rollout.batch import sample_responses
+from meds_cli.engine.trainer import Trainer
 from meds_cli.engine.training.scoring import score_rollouts
 from meds_cli.engine.training.sharding import close_process_group, gathered_parameters, trainable_state
-from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
 

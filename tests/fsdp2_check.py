@@ -3,6 +3,9 @@ on a fixed global batch, sharded with FSDP2 when there are several processes, pl
 
     fsdp2_check.py OUT [--full-weights] [--resume CHECKPOINT_DIR]
 
+Everything runs in float64 (tests/float64.py): one process and two reduce gradients in different
+orders, and in float32 the difference depends on the CPU's kernels; in float64 it is ~1e-15.
+
 Every step accumulates two micro-batches; the loss of each process's rows is normalised by the
 global batch, and gradients are clipped (the clip is active). Process 0 writes what
 tests/test_sharding.py compares between one process and two: the trainable weights after each
@@ -19,10 +22,11 @@ from accelerate import Accelerator
 from safetensors.torch import save_file
 
 from meds_cli.engine.config import LoraConfig
-from meds_cli.engine.training import sharding
-from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.training import sharding
+from meds_cli.engine.training.logprobs import token_logprobs_and_entropy
+from tests.float64 import float64_norms
 
 ROWS, WIDTH, MICRO = 8, 10, 2  # per process: ROWS / world rows, micro-batches of MICRO
 
@@ -43,6 +47,11 @@ def loss_of(model, ids, advantages, total_tokens):
 
 
 def main() -> None:
+    with float64_norms():
+        run()
+
+
+def run() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--full-weights", action="store_true")
@@ -53,6 +62,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model, tokenizer = tiny_model_and_tokenizer()
+    model.double()
     if not args.full_weights:
         model = apply_lora(model, LoraConfig(rank=4, alpha=8))
         for name, p in model.named_parameters():  # a non-zero adapter, so step 1 already moves the logits

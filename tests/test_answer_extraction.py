@@ -36,10 +36,12 @@ def test_boxed_spans_order_and_nesting():
 
 
 def test_boxed_spans_linear_on_adversarial_input():
+    # 110,000 characters: a linear scan takes milliseconds even on a busy machine, a quadratic
+    # one (~10^10 steps) minutes, so a 10 s bound separates them without timing the machine.
     text = "\\boxed{" * 15000 + "x" * 5000
     start = time.monotonic()
     assert boxed_spans(text) == []
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0
 
 
 def test_last_number():
@@ -131,8 +133,8 @@ def test_integer_literal_value_accepts(text, value):
     assert integer_literal_value(text) == value
 
 
-@pytest.mark.parametrize("text", ["27 + 82", "109.0", "1,23", "12,34,567", "109 apples", "1/2", "", None, "\\frac{4}{2}",
-                                  "10 9", "1, 234"])
+@pytest.mark.parametrize("text", ["27 + 82", "109.0", "1,23", "12,34,567", "109 apples", "1/2", "", None,
+                                  "\\frac{4}{2}", "10 9", "1, 234"])
 def test_integer_literal_value_refuses(text):
     assert integer_literal_value(text) is None
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -41,7 +40,8 @@ def test_eval_with_an_unusable_benchmark_file(tmp_path):
                   "--output", tmp_path / "out", cwd=tmp_path)
     line = assert_one_error_line(result)
     assert "math500/test.jsonl" in line
-    assert "no usable row: 2 not valid JSON (line 1, line 3), 1 not UTF-8 text (line 2), 1 without an answer (line 4)" in line
+    assert ("no usable row: 2 not valid JSON (line 1, line 3), 1 not UTF-8 text (line 2), "
+            "1 without an answer (line 4)") in line
     assert not (tmp_path / "out").exists()
 
 

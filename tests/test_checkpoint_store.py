@@ -5,10 +5,20 @@ import shutil
 
 import pytest
 
-from meds_cli.engine.run_folders.checkpoint_store import (MANIFEST, all_steps, begin_checkpoint, publish_checkpoint, checkpoint_path, checkpoint_problem,
-                                              find_usable_checkpoint, prune_checkpoints, remove_checkpoint,
-                                              require_checkpoint, write_manifest)
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders.checkpoint_store import (
+    MANIFEST,
+    all_steps,
+    begin_checkpoint,
+    checkpoint_path,
+    checkpoint_problem,
+    find_usable_checkpoint,
+    prune_checkpoints,
+    publish_checkpoint,
+    remove_checkpoint,
+    require_checkpoint,
+    write_manifest,
+)
 
 
 def make_checkpoint(run, step, *, finished=True):
@@ -64,8 +74,10 @@ def test_resume_takes_the_newest_complete_and_says_what_it_passed_over(tmp_path)
     said = []
     assert find_usable_checkpoint(tmp_path, say=said.append) == checkpoint_path(tmp_path, 4)
     assert said == [
-        f"checkpoint {checkpoint_path(tmp_path, 8)} is unusable (it has no {MANIFEST}, so it was never finished); using step 4",
-        f"checkpoint {checkpoint_path(tmp_path, 6)} is unusable (weights.safetensors is cut short (10 of 1024 bytes)); using step 4",
+        f"checkpoint {checkpoint_path(tmp_path, 8)} is unusable (it has no {MANIFEST}, so it was never finished); "
+        "using step 4",
+        f"checkpoint {checkpoint_path(tmp_path, 6)} is unusable (weights.safetensors is cut short (10 of 1024 bytes)); "
+        "using step 4",
     ]
 
 

@@ -32,7 +32,8 @@ def test_version():
 def test_train_help_documents_every_option():
     result = invoke("train", "--help")
     assert result.exit_code == 0
-    for option in ["--config", "--set", "--algo", "--base", "--model", "--task", "--steps", "--seed", "--output", "--resume"]:
+    for option in ["--config", "--set", "--algo", "--base", "--model", "--task", "--steps", "--seed", "--output",
+                   "--resume"]:
         assert option in result.output
 
 

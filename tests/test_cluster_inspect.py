@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 
 from meds_cli.app import app
 from meds_cli.commands.cluster_inspect import inspect_run
-from meds_cli.engine.run_folders.checkpoint_store import write_manifest
-from meds_cli.engine.config import dump_yaml
-from meds_cli.engine.run_folders.state_codec import save_state
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.run_folders.checkpoint_store import write_manifest
+from meds_cli.engine.run_folders.state_codec import save_state
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -115,10 +115,10 @@ def test_random_control_is_inspected_as_it_was_trained(tmp_path):
     training does: for the random control, the same shuffled labels as training stored."""
     import numpy as np
 
-    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from algorithms.meds_clusterers import cluster_settings
     from meds_cli.commands.ablate_report import memory_ari
     from meds_cli.commands.cluster_inspect import analyse_prompt, load_memory, run_settings
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from tests.test_meds_shaping import batch
 
     cfg = tiny_config("algo.name=meds", "meds.features=random")

@@ -10,7 +10,6 @@ from benchmarks import code_benchmarks as cb
 from benchmarks import code_loaders
 from benchmarks.code_expected import expected_for
 from benchmarks.registry import BENCHMARKS
-from meds_cli.core.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not (DATA / "humanevalplus").is_dir(), reason="no shared benchmark data")
@@ -128,7 +127,8 @@ def test_types_are_not_normalised(humaneval_plus):
 
 def test_each_input_has_its_own_time_limit(humaneval_plus):
     problem = humaneval_plus["HumanEval/0"]
-    (verdict,) = cb.grade([(problem, fenced(wrapped(problem, "time.sleep(1.5 if _calls[0] == 1 else 0)\n    return out")))])
+    slow_first_call = wrapped(problem, "time.sleep(1.5 if _calls[0] == 1 else 0)\n    return out")
+    (verdict,) = cb.grade([(problem, fenced(slow_first_call))])
     assert (verdict.outcome, verdict.detail["base_ok"], verdict.detail["base_passed"]) == ("Timeout", 0, False)
     assert verdict.detail["plus_passed"] is False  # the plus group's first call is slow too: a fresh load
 

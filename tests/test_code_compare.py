@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 from benchmarks.code_compare import (
-    MBPP_NOT_NONE, MBPP_SET_EQUAL, RAISED, as_json_lists, digit_distance, evalplus_input_ok, is_floats,
-    lines_match, poly, pyramid_surface_area,
+    MBPP_NOT_NONE,
+    MBPP_SET_EQUAL,
+    RAISED,
+    as_json_lists,
+    digit_distance,
+    evalplus_input_ok,
+    is_floats,
+    lines_match,
+    poly,
+    pyramid_surface_area,
 )  # fmt: skip
 from benchmarks.code_values import Opaque
 

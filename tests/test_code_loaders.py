@@ -274,7 +274,8 @@ def test_livecodebench_keeps_the_pinned_window_and_reports_its_count(tmp_path):
     assert [p.id for p in problems] == ["abc001_a", "two-sum"]
     assert row_count_mismatch(problems) == {"expected": 279, "loaded": 2, "skipped": 1}
     args, kwargs = code_loaders._hub_load_args("livecodebench")
-    assert all(f"@{code_loaders.LCB_REVISION}/test" in f for f in kwargs["data_files"]) and len(kwargs["data_files"]) == 5
+    assert all(f"@{code_loaders.LCB_REVISION}/test" in f for f in kwargs["data_files"])
+    assert len(kwargs["data_files"]) == 5
 
 
 def test_livecodebench_stdin_and_functional_problems():
@@ -283,7 +284,8 @@ def test_livecodebench_stdin_and_functional_problems():
     pairs = [
         (stdio, fenced("a, b = map(int, input().split())\nprint(a + b)")),
         (stdio, fenced("a, b = map(int, input().split())\nprint(a * b)")),
-        (stdio, fenced("def main():\n    print(sum(map(int, input().split())))\nif __name__ == '__main__':\n    main()")),
+        (stdio, fenced("def main():\n    print(sum(map(int, input().split())))\n"
+                       "if __name__ == '__main__':\n    main()")),
         (method, fenced("class Solution:\n    def extend(self, xs, x):\n        return tuple(xs + [x])")),
         (method, fenced("class Solution:\n    def extend(self, xs, x):\n        return xs")),
     ]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from benchmarks.tasks import build_task
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts
 

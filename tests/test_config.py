@@ -2,8 +2,8 @@
 
 import pytest
 
-from meds_cli.engine.config import dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import dump_yaml, load_config, parse_override, read_yaml
 
 
 def write(path, text):
@@ -93,7 +93,8 @@ def test_value_checks_run_when_the_config_loads():
         load_config(overrides=["train.ppo_epochs=0"])
     with pytest.raises(UserError, match="rollout.group_size must be at least 1, got 0"):
         load_config(overrides=["rollout.group_size=0"])
-    with pytest.raises(UserError, match=r"edas.kappa must be greater than 1 \(else the clip can flip a sign\), got 1.0"):
+    with pytest.raises(UserError,
+                       match=r"edas.kappa must be greater than 1 \(else the clip can flip a sign\), got 1.0"):
         load_config(overrides=["edas.kappa=1.0"])
     with pytest.raises(UserError, match="meds.min_cluster_size must be at least 2, got 1"):
         load_config(overrides=["meds.min_cluster_size=1"])

@@ -83,8 +83,9 @@ def test_eval_may_decode_greedily_but_training_may_not():
         load_config(overrides=[*TINY_COPY, "rollout.temperature=0"])
 
 
-@pytest.mark.parametrize("text, section", [("train: []\n", "train"), ("train: 5\n", "train"), ("rollout: on\n", "rollout"),
-                                           ("meds: [1]\n", "meds"), ("model:\n  lora: 3\n", "model.lora")])
+@pytest.mark.parametrize("text, section", [("train: []\n", "train"), ("train: 5\n", "train"),
+                                           ("rollout: on\n", "rollout"), ("meds: [1]\n", "meds"),
+                                           ("model:\n  lora: 3\n", "model.lora")])
 def test_a_section_that_is_not_a_mapping(tmp_path, text, section):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -103,7 +104,8 @@ def test_lora_rank_within_the_model_width():
     check_lora_rank(cfg.model.lora, 64, "m")
     with pytest.raises(UserError, match=r"model.lora.rank must be at most the hidden size of 'm' \(32\), got 64"):
         check_lora_rank(cfg.model.lora, 32, "m")
-    check_lora_rank(load_config(overrides=[*TINY_COPY, "model.lora.rank=64", "model.lora.enabled=false"]).model.lora, 32, "m")
+    disabled = load_config(overrides=[*TINY_COPY, "model.lora.rank=64", "model.lora.enabled=false"]).model.lora
+    check_lora_rank(disabled, 32, "m")
 
 
 @pytest.mark.parametrize("args", [

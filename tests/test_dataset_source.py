@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from meds_cli.core.records import Problem
 from benchmarks import dataset_source
 from benchmarks.data_files import Row, Skipped
 from benchmarks.dataset_source import drop_long_prompts, map_columns, read_local, read_source
 from benchmarks.math_benchmarks import load_math_source
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
 
 ROWS = [{"question": "What is 2 + 2?", "final_answer": "4", "level": 1},
         {"question": "What is 3 * 3?", "final_answer": "9", "level": 2}]

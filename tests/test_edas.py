@@ -2,18 +2,24 @@
 batches, a short training run of the tiny model, and one real step of SmolLM2 (slow)."""
 
 import math
-from pathlib import Path
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
-from meds_cli.engine.training.algorithm_setup import build_algorithm
-from algorithms.edas import (diversity_delta, edas_advantages, error_classes, error_entropy_terms,
-                             sign_keeping_clip, warmup_factor)
-from meds_cli.core.records import Problem, Verdict
+from algorithms.edas import (
+    diversity_delta,
+    edas_advantages,
+    error_classes,
+    error_entropy_terms,
+    sign_keeping_clip,
+    warmup_factor,
+)
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import needs_embedded, tiny_config
 
 LN2 = math.log(2)

@@ -10,7 +10,13 @@ from benchmarks import code_loaders
 from benchmarks.code_expected import expected_for
 from benchmarks.code_rows import read_json_lines
 from benchmarks.evalplus_agreement import (
-    VARIANTS, Candidate, _wrapped, agreement, evalplus_verdicts, project_verdict, seeded_candidates,
+    VARIANTS,
+    Candidate,
+    _wrapped,
+    agreement,
+    evalplus_verdicts,
+    project_verdict,
+    seeded_candidates,
 )  # fmt: skip
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -31,7 +37,8 @@ def both_verdicts(name: str, problems, candidates):
 
 
 def fixed_candidates(problems, variants) -> list[Candidate]:
-    return [Candidate(p.id, kind, _wrapped(p.answer["canonical_solution"], p.answer["entry_point"], VARIANTS[kind], None))
+    return [Candidate(p.id, kind,
+                      _wrapped(p.answer["canonical_solution"], p.answer["entry_point"], VARIANTS[kind], None))
             for p in problems for kind in variants]  # fmt: skip
 
 
@@ -61,7 +68,8 @@ def test_rules_types_and_time_limits_agree_with_evalplus(evalplus, name):
     assert result["disagreements"] == [] and result["compared"] > 0
     if name == "humanevalplus":
         # EvalPlus 0.3.1's HumanEval/32 bug: the canonical solution fails there, passes here.
-        canonical = next(i for i, c in enumerate(candidates) if c.problem_id == "HumanEval/32" and c.variant == "canonical")
+        canonical = next(i for i, c in enumerate(candidates)
+                         if c.problem_id == "HumanEval/32" and c.variant == "canonical")
         assert theirs[canonical] == {"base": "fail", "plus": "fail"}
         assert ours[canonical] == {"base": "pass", "plus": "pass"}
 

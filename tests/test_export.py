@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from meds_cli.engine.config import dump_yaml
-from meds_cli.engine import export as export_module
-from meds_cli.engine.export import check_repo_id, export_run, push_to_hub
 from meds_cli.core.errors import UserError
+from meds_cli.engine import export as export_module
+from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.export import check_repo_id, export_run, push_to_hub
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -94,8 +94,9 @@ def test_the_model_card_carries_algorithm_config_and_evals(lora_run, tmp_path):
     run_dir, _, _ = lora_run
     eval_dir = run_dir / "eval" / "step_2"
     eval_dir.mkdir(parents=True, exist_ok=True)
-    document = {"config": {"n": 4}, "benchmarks": {"math500": {"problems": 50, "pass@k": {"1": 0.25, "2": 0.4, "4": 0.5},
-                                                               "maj@k": {"4": 0.3}}}}
+    document = {"config": {"n": 4},
+                "benchmarks": {"math500": {"problems": 50, "pass@k": {"1": 0.25, "2": 0.4, "4": 0.5},
+                                           "maj@k": {"4": 0.3}}}}
     (eval_dir / "results.json").write_text(json.dumps(document))
     try:
         export_run(run_dir, tmp_path / "out", merge=True)
@@ -178,7 +179,8 @@ def test_push_to_hub_failures_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--push-to-hub me/model: the hub cannot be reached from here"):
         push_to_hub(tmp_path, "me/model", api=_FakeHub())
     monkeypatch.setattr(export_module, "hub_reachable", lambda: True)
-    with pytest.raises(UserError, match=r"--push-to-hub me/model failed \(PermissionError: no write access\); the export is in"):
+    with pytest.raises(UserError,
+                       match=r"--push-to-hub me/model failed \(PermissionError: no write access\); the export is in"):
         push_to_hub(tmp_path, "me/model", api=_FakeHub(fail=PermissionError("no write access\ndetails")))
     with pytest.raises(UserError, match="is not a repository id"):
         check_repo_id("me/my model")

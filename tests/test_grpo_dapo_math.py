@@ -23,7 +23,8 @@ def test_group_advantages_mirror_verl_grpo_outcome_advantage():
 def test_group_advantages_scale_none_and_batch():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
     # none (Dr. GRPO): r - group mean; group 2 mean 0.75
-    assert group_advantages(rewards, 4, "none").tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75])
+    assert group_advantages(rewards, 4, "none").tolist() == pytest.approx(
+        [0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75])
     # batch: divide by the std of all 8 rewards: mean 5/8, sum sq dev = 5 * 0.375^2 + 3 * 0.625^2 = 1.875,
     # var = 1.875 / 7 = 0.267857, std = 0.517549
     expected = [v / 0.517549 for v in [0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75]]
@@ -63,7 +64,8 @@ def test_clipped_surrogate_mirrors_verl_compute_policy_loss_vanilla():
 
 def test_clip_higher_bounds():
     # DAPO eps_high 0.28: A=+1, r=1.5 -> max(-1.5, -1.28) = -1.28
-    loss, _ = clipped_surrogate(torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), 0.2, 0.28)
+    loss, _ = clipped_surrogate(torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]),
+                                torch.ones(1, 1), 0.2, 0.28)
     assert loss.item() == pytest.approx(-1.28)
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, read_rows, rewrite_rows, split_rows
 from meds_cli.core.errors import UserError
+from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, read_rows, rewrite_rows, split_rows
 
 ROWS = [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.75, "text": "é"}]
 

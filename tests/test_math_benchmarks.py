@@ -147,7 +147,8 @@ def test_hub_offline_is_one_line_user_error(monkeypatch, tmp_path):
 
 def test_load_math_file_json_list(tmp_path):
     path = tmp_path / "train.json"
-    path.write_text(json.dumps([{"problem": "1+1?", "answer": "2", "type": "Algebra"}, {"question": "q", "answer": 3.0}]))
+    path.write_text(json.dumps([{"problem": "1+1?", "answer": "2", "type": "Algebra"},
+                                {"question": "q", "answer": 3.0}]))
     problems = math_benchmarks.load_math_file(path)
     assert [(p.question, p.answer) for p in problems] == [("1+1?", "2"), ("q", "3")]
     assert problems[0].meta == {"type": "Algebra"}
@@ -209,7 +210,8 @@ def test_load_math_source(tmp_path, monkeypatch):
 def _write_benchmark(folder: Path, name: str, lines: list) -> Path:
     (folder / name).mkdir(parents=True, exist_ok=True)
     path = folder / name / "test.jsonl"
-    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines))
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n"
+                              for line in lines))
     return path
 
 

@@ -5,16 +5,21 @@ import numpy as np
 import pytest
 import torch
 
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.meds import FEATURES, LABEL
-from algorithms.meds_clusterers import (CLUSTERERS, ShuffledLabels, best_k_by_silhouette, cluster_settings,
-                                        small_clusters_as_noise)
+from algorithms.meds_clusterers import (
+    CLUSTERERS,
+    ShuffledLabels,
+    best_k_by_silhouette,
+    cluster_settings,
+    small_clusters_as_noise,
+)
 from algorithms.meds_feature_builders import FEATURE_BUILDERS
 from benchmarks.tasks import build_task
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout.batch import sample_responses
-from meds_cli.engine.training.scoring import score_rollouts
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.rollout.batch import sample_responses
+from meds_cli.engine.training.algorithm_setup import build_algorithm
+from meds_cli.engine.training.scoring import score_rollouts
 from tests.conftest import tiny_config
 
 G = 6  # responses per prompt

@@ -204,9 +204,9 @@ def test_unboxed_skip_reads_the_text_for_features_without_anchors():
 def test_reference_and_paper_presets_build():
     from pathlib import Path
 
-    from meds_cli.engine.training.algorithm_setup import build_algorithm
     from algorithms.meds_features import resolve_layers
     from meds_cli.engine.config import load_config
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     configs = Path(__file__).resolve().parent.parent / "configs"
     reference = build_algorithm(load_config([str(configs / "meds_reference.yaml")]))
@@ -222,7 +222,8 @@ def test_reference_and_paper_presets_build():
     # on the 28-layer Qwen2.5-Math models both read the same 14 layers
     assert resolve_layers(cfg.layers, 28) == resolve_layers(paper.config.layers, 28) == list(range(15, 29))
     # the two presets differ only in their meds section
-    ref_run, paper_run = load_config([str(configs / "meds_reference.yaml")]), load_config([str(configs / "meds_paper.yaml")])
+    ref_run = load_config([str(configs / "meds_reference.yaml")])
+    paper_run = load_config([str(configs / "meds_paper.yaml")])
     assert ref_run.rollout == paper_run.rollout and ref_run.optim == paper_run.optim
     assert ref_run.section("dapo") == paper_run.section("dapo")
 

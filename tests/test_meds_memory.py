@@ -5,9 +5,21 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from algorithms.meds_memory import (NOISE, Bank, ClusterSettings, Memory, assign_clusters, cluster_penalty,
-                                    hdbscan_labels, knn_vote, l2_normalize, member_counts, shape_rewards_with_penalty,
-                                    snippet, top1_eigen_ratio)
+from algorithms.meds_memory import (
+    NOISE,
+    Bank,
+    ClusterSettings,
+    Memory,
+    assign_clusters,
+    cluster_penalty,
+    hdbscan_labels,
+    knn_vote,
+    l2_normalize,
+    member_counts,
+    shape_rewards_with_penalty,
+    snippet,
+    top1_eigen_ratio,
+)
 
 
 def test_cluster_penalty_hand_computed():

@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from algorithms import ALGORITHMS
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.dapo import DAPO
 from algorithms.grpo import GRPO
 from algorithms.meds import CLUSTER_SIZE, FEATURES, PENALTY
 from algorithms.meds_memory import Bank
-from meds_cli.core.records import Problem, Verdict
-from meds_cli.engine.config import load_config
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.config import load_config
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config
 
 A, B, LONE = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [-1.0, -1.0, 0.0]

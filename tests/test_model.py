@@ -1,16 +1,21 @@
 """Model loading: aliases, local folders, GGUF caching, LoRA and the reference policy."""
 
-import time
 
 import pytest
 import torch
 
-from meds_cli.engine.config import LoraConfig
 from meds_cli.core.errors import UserError
-from meds_cli.engine.model_io.model import (apply_lora, load_model_and_tokenizer, model_aliases, reference_context,
-                            resolve_model)
-from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.core.forward import output_head
+from meds_cli.engine.config import LoraConfig
+from meds_cli.engine.model_io import model as model_module
+from meds_cli.engine.model_io.model import (
+    apply_lora,
+    load_model_and_tokenizer,
+    model_aliases,
+    reference_context,
+    resolve_model,
+)
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from tests.conftest import needs_embedded
 
 
@@ -80,10 +85,10 @@ def test_output_head_through_peft():
 
 @needs_embedded
 @pytest.mark.slow
-def test_embedded_default_loads_from_cache_fast():
+def test_embedded_default_loads_from_cache_fast(monkeypatch):
     load_model_and_tokenizer("smollm2-135m")  # the first call may dequantize the GGUF into the cache
-    start = time.perf_counter()
+    # The second load reads the cached copy: it never parses the GGUF again (asserted by making
+    # that step fail), which is what makes it fast; no wall-clock bound, the machine may be busy.
+    monkeypatch.setattr(model_module, "check_gguf", lambda path: pytest.fail("the GGUF was parsed again"))
     model, tokenizer = load_model_and_tokenizer("smollm2-135m")
-    elapsed = time.perf_counter() - start
     assert model.config.num_hidden_layers == 30
-    assert elapsed < 3.0, f"cached load took {elapsed:.2f}s"

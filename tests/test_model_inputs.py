@@ -57,7 +57,8 @@ def test_bad_model_is_one_line_for_eval(tmp_path, case, monkeypatch):
     (tmp_path / "data" / "math500").mkdir(parents=True)
     (tmp_path / "data" / "math500" / "test.jsonl").write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
     line = one_error_line(CliRunner().invoke(app, ["eval", "--model", str(path), "--benchmarks", "math500",
-                                                   "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out")]))
+                                                   "--data-dir", str(tmp_path / "data"),
+                                                   "--output", str(tmp_path / "out")]))
     assert message in line and str(path) in line
     if case not in ("fake", "no_tokenizer"):  # found without parsing the model: no output folder made
         assert not (tmp_path / "out").exists()
@@ -87,7 +88,8 @@ def test_unknown_dtype(tmp_path):
                                                    "--output", str(tmp_path / "out")]))
     assert "unknown --dtype 'float8'" in line and "float32, bfloat16, float16, auto" in line
     assert not (tmp_path / "out").exists()
-    line = one_error_line(CliRunner().invoke(app, ["train", "--set", "model.dtype=fp32", "--output", str(tmp_path / "r")]))
+    line = one_error_line(CliRunner().invoke(app, ["train", "--set", "model.dtype=fp32",
+                                                   "--output", str(tmp_path / "r")]))
     assert "model.dtype" in line and "fp32" in line and "float32" in line
     with pytest.raises(UserError, match="unknown model.dtype 'half'"):
         load_model_and_tokenizer("tiny-llama", "half")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from algorithms.base import GRPOConfig
-from algorithms.policy_loss import (POLICY_LOSSES, add_kl_penalty, clipped_surrogate, kl_cov_loss)
+from algorithms.policy_loss import POLICY_LOSSES, add_kl_penalty, clipped_surrogate, kl_cov_loss
 from meds_cli.core.errors import UserError
 from meds_cli.core.rollouts import group_slices
 from meds_cli.engine.training.algorithm_setup import build_algorithm

@@ -4,8 +4,6 @@ import re
 import sys
 from pathlib import Path
 
-import torch
-
 from algorithms import ALGORITHMS
 from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config

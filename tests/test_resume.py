@@ -51,6 +51,8 @@ def test_checkpoint_is_written_atomically(tmp_path):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step_1"]  # no leftover temporary folder
     contents = {p.name for p in (tmp_path / "checkpoints/step_1").iterdir()}
-    states = {f"{name}.{ext}" for name in ("optimizer", "scheduler", "rng_0", "algorithm_0") for ext in ("json", "safetensors")}
+    states = {f"{name}.{ext}" for name in ("optimizer", "scheduler", "rng_0", "algorithm_0")
+              for ext in ("json", "safetensors")}
     assert {"weights.safetensors", "adapter", "state.json", "manifest.json"} | states == contents
-    assert not list((tmp_path / "checkpoints/step_1").rglob("*.pt")) and not list((tmp_path / "checkpoints/step_1").rglob("*.bin"))
+    assert not list((tmp_path / "checkpoints/step_1").rglob("*.pt"))
+    assert not list((tmp_path / "checkpoints/step_1").rglob("*.bin"))

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from meds_cli.engine.training.algorithm_setup import build_algorithm
 from algorithms.policy_loss import kl_cov_loss, kl_cov_select
-from algorithms.rlif_multireward import (cluster_vote_rewards, gdpo_advantages,
-                                         read_answer, self_certainty)
-from meds_cli.core.records import Problem, Verdict
+from algorithms.rlif_multireward import cluster_vote_rewards, gdpo_advantages, read_answer, self_certainty
 from meds_cli.core.forward import ForwardView
+from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import needs_embedded, tiny_config
 
 LN2, LN3 = math.log(2), math.log(3)

@@ -5,8 +5,8 @@ import json
 import torch
 
 from meds_cli.core.records import Problem, Verdict
-from meds_cli.engine.run_folders.samples_log import sample_rows, samples_path, should_log_samples, write_samples
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.run_folders.samples_log import sample_rows, samples_path, should_log_samples, write_samples
 
 
 def _rollouts(advantages):
@@ -15,7 +15,8 @@ def _rollouts(advantages):
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 0, 0]], dtype=torch.float)
     return Rollouts(
         problems=problems, group_size=2,
-        input_ids=torch.zeros(6, 5, dtype=torch.long), attention_mask=torch.ones(6, 5, dtype=torch.long), prompt_width=2,
+        input_ids=torch.zeros(6, 5, dtype=torch.long), attention_mask=torch.ones(6, 5, dtype=torch.long),
+        prompt_width=2,
         response_ids=torch.zeros(6, 3, dtype=torch.long), response_mask=mask,
         response_texts=["6", "so 5", "2", "\\boxed{3}", "0", "1"],
         truncated=torch.tensor([False, True, False, False, False, False]),

@@ -198,7 +198,8 @@ def test_process_limit_holds_for_a_bounded_fork_loop():
 
 @netns_only
 def test_fork_bomb_is_contained_and_cleaned_up():
-    bomb = "import os, sys\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    bomb = ("import os, sys\nprint(os.getuid(), flush=True)\n"
+            "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     results = run_many([Job(bomb, timeout_s=1), Job("print('alive')")], workers=2)
     assert results[0].outcome == "Timeout"
     assert results[1].outcome == "passed" and results[1].stdout == "alive\n"

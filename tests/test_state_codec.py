@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from algorithms.meds_memory import Bank, Memory
-from meds_cli.engine.run_folders.state_codec import (BadStateFile, StateTypeError, decode_state, encode_state, load_state,
-                                         save_state, state_files)
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders.state_codec import (
+    BadStateFile,
+    StateTypeError,
+    decode_state,
+    encode_state,
+    load_state,
+    save_state,
+    state_files,
+)
 from tests.hostile import marker_pickle, plant
 
 
@@ -24,7 +31,8 @@ def round_trip(state, tmp_path, name="state"):
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.dtype == b.dtype and a.shape == b.shape
-            and a.reshape(-1).contiguous().view(torch.uint8).tolist() == b.reshape(-1).contiguous().view(torch.uint8).tolist())
+            and a.reshape(-1).contiguous().view(torch.uint8).tolist()
+            == b.reshape(-1).contiguous().view(torch.uint8).tolist())
 
 
 def assert_identical(a, b, where="state"):

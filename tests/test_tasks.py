@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from benchmarks.tasks import PromptSampler, build_task, grade_integer
-from meds_cli.engine.config import TaskConfig, load_config
 from meds_cli.core.errors import UserError
+from meds_cli.engine.config import TaskConfig, load_config
 
 
 def test_arithmetic_splits_are_seeded_and_disjoint():
@@ -85,6 +85,6 @@ def test_math_task_unusable_file_is_one_line(tmp_path, content, message):
     path = tmp_path / "train.json"
     path.write_bytes(content)
     with pytest.raises(UserError) as error:
-        build_task(TaskConfig(name="math", path=str(path)), 0).train  # splits are made on first use
+        _ = build_task(TaskConfig(name="math", path=str(path)), 0).train  # splits are made on first use
     assert message in str(error.value) and str(path) in str(error.value)
     assert "\n" not in str(error.value)

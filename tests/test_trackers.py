@@ -5,9 +5,15 @@ import importlib.util
 import pytest
 import yaml
 
-from meds_cli.engine.run_folders import trackers
-from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs, flat_hyperparameters, numeric_values, parse_report_to
 from meds_cli.core.errors import UserError
+from meds_cli.engine.run_folders import trackers
+from meds_cli.engine.run_folders.trackers import (
+    RunTracker,
+    accelerator_kwargs,
+    flat_hyperparameters,
+    numeric_values,
+    parse_report_to,
+)
 
 needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                                        reason="needs the tensorboard package (test extra)")
@@ -71,7 +77,8 @@ def test_tensorboard_events_are_written_and_read_back(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.5), (2, 1.0)]
     hparams = list(folder.glob("*/hparams.yml"))
     assert len(hparams) == 1
-    assert yaml.safe_load(hparams[0].read_text()) == {"optim.lr": 0.001, "optim.betas": "[0.9, 0.99]", "algo.name": "grpo"}
+    assert yaml.safe_load(hparams[0].read_text()) == {"optim.lr": 0.001, "optim.betas": "[0.9, 0.99]",
+                                                      "algo.name": "grpo"}
 
 
 class _TableTracker:
@@ -95,4 +102,5 @@ class _FakeAccelerator:
 def test_tables_go_to_trackers_that_have_them():
     accelerator = _FakeAccelerator()
     RunTracker(accelerator).log_table("samples", [{"a": 1, "b": {"x": 1.0}}, {"a": 2, "c": None}], step=5)
-    assert accelerator.trackers[0].tables == [("samples", ["a", "b", "c"], [[1, "{'x': 1.0}", None], [2, None, None]], 5)]
+    assert accelerator.trackers[0].tables == [
+        ("samples", ["a", "b", "c"], [[1, "{'x': 1.0}", None], [2, None, None]], 5)]

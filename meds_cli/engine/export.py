@@ -23,11 +23,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from meds_cli.engine.run_folders import run_dir as runs
-from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
 from meds_cli.core.errors import UserError
 from meds_cli.core.hub import hub_reachable
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
+from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
+from meds_cli.engine.run_folders import run_dir as runs
 
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -77,7 +77,8 @@ def trained_policy(cfg, checkpoint: Path):
     from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
-    model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora), merge=False)
+    model = apply_checkpoint(model, ModelSpec(cfg.model.name, Path(checkpoint), cfg.model.dtype, cfg.model.lora),
+                             merge=False)
     model.eval()
     return model, tokenizer, hasattr(model, "peft_config")
 

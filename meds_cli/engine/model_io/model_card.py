@@ -52,7 +52,8 @@ def eval_table(evals: list[tuple[str, dict]]) -> str:
     """A markdown table: one row per (eval, benchmark) with pass@1, pass@k at the largest k, maj@k."""
     if not evals:
         return "No evaluation in the run folder yet (`meds eval RUN` writes RUN/eval/step_N/results.json).\n"
-    lines = ["| eval | benchmark | problems | n | pass@1 (%) | pass@k (%) | maj@k (%) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| eval | benchmark | problems | n | pass@1 (%) | pass@k (%) | maj@k (%) |",
+             "|---|---|---|---|---|---|---|"]
     for label, document in evals:
         n = (document.get("config") or {}).get("n", "?")
         for name, scores in (document.get("benchmarks") or {}).items():
@@ -77,7 +78,8 @@ def _loading(info: CardInfo) -> str:
         vllm = (f"Loading needs `peft` (the adapter is applied to the base model: {where}). vLLM does not apply "
                 "an adapter folder by itself: pass it as a LoRA (`LLM(model=BASE, enable_lora=True)` with "
                 "`LoRARequest(\"meds\", 1, \"PATH\")`), or export again with `--merge`"
-                + (" (vLLM would read this folder's config.json as the bare base model)" if info.kind == "adapter+base" else "")
+                + (" (vLLM would read this folder's config.json as the bare base model)"
+                   if info.kind == "adapter+base" else "")
                 + ".\n")
     return transformers_code + "\n" + vllm
 
@@ -93,7 +95,8 @@ def model_card(info: CardInfo) -> str:
     if info.hub_id:
         front["base_model"] = info.hub_id
     task = config.get("task", {})
-    on_base = f" on {algo.get('base')}" if algo.get("base") and algo.get("base") in config and algo.get("base") != algo_name else ""
+    on_base = (f" on {algo.get('base')}"
+               if algo.get("base") and algo.get("base") in config and algo.get("base") != algo_name else "")
     metrics = "".join(f"| {k} | {info.last_metrics[k]:.4g} |\n" for k in CARD_METRICS
                       if isinstance(info.last_metrics.get(k), (int, float)))
     parts = [

@@ -157,7 +157,8 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     total = len(rows)
     tokens_out = torch.zeros((total, steps), dtype=torch.long, device=device)
     logp_out = torch.zeros((total, steps), device=device)
-    lens_out = torch.zeros((total, steps, len(settings.lens.layers)), device=device) if lens is not None else None
+    lens_out = (torch.zeros((total, steps, len(settings.lens.layers)), dtype=lens.dtype, device=device)
+                if lens is not None else None)
     lengths = torch.zeros(total, dtype=torch.long, device=device)
     stopped = torch.zeros(total, dtype=torch.bool, device=device)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)

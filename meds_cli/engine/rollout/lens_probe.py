@@ -51,6 +51,8 @@ class LensRecorder:
         self._last = count
         self._handles = []
         self._paused = False  # values() runs the final norm itself: that call must not be recorded
+        weight = getattr(self.head, "weight", None)  # values() keep fp64 for an fp64 model, else fp32
+        self.dtype = torch.float64 if weight is not None and weight.dtype == torch.float64 else torch.float32
 
     def __enter__(self):
         for module, kind, slot in self._sites:
@@ -89,7 +91,7 @@ class LensRecorder:
         self.latest = [state[rows] for state in self.latest]
 
     def values(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[rows, len(layers)] fp32 logit of `tokens` at each probe layer, from the last forward."""
+        """[rows, len(layers)] logit (self.dtype) of `tokens` at each probe layer, from the last forward."""
         self._paused = True
         try:
             return lens_token_logits(self.latest, list(self.probe.layers), self._last, tokens, self.head,

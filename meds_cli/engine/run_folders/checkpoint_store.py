@@ -161,7 +161,8 @@ def find_usable_checkpoint(run_dir: Path, step: int | None = None, *,
             raise UserError(f"'{run_dir}' has no checkpoint at step {step}; checkpoints: {have}")
         problem = checkpoint_problem(checkpoint_path(run_dir, step))
         if problem:
-            usable = [s for s in steps if s != step and checkpoint_problem(checkpoint_path(run_dir, s), deep=False) is None]
+            usable = [s for s in steps
+                      if s != step and checkpoint_problem(checkpoint_path(run_dir, s), deep=False) is None]
             hint = f"; complete checkpoints: {', '.join(map(str, usable))}" if usable else ""
             raise UserError(f"checkpoint {checkpoint_path(run_dir, step)} is unusable: {problem}{hint}")
         return checkpoint_path(run_dir, step)
@@ -215,7 +216,8 @@ def prune_checkpoints(run_dir: Path, keep: int, newest: int | None = None) -> li
     kept = set(complete if keep == 0 else complete[-keep:])
     removed = [checkpoint_path(run_dir, s) for s in steps if s < complete[-1] and s not in kept]
     root = checkpoints_root(run_dir)
-    removed += sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(".") and p.name.endswith(TEMPORARY_SUFFIX))
+    removed += sorted(p for p in root.iterdir()
+                      if p.is_dir() and p.name.startswith(".") and p.name.endswith(TEMPORARY_SUFFIX))
     for folder in removed:
         remove_checkpoint(folder)
     return removed

@@ -64,7 +64,8 @@ def comparable(cfg: RunConfig) -> dict[str, Any]:
 def config_changes(before: RunConfig, after: RunConfig) -> dict[str, tuple[Any, Any]]:
     """{key: (run's value, new value)} for every setting that differs."""
     old, new = comparable(before), comparable(after)
-    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if old.get(key) != new.get(key)}
 
 
 def fixed_keys(cfg: RunConfig) -> dict[str, str]:

@@ -103,7 +103,8 @@ class _Encoder:
         if isinstance(value, np.generic) and value.dtype.kind in "biufc":
             return {"npscalar": value.dtype.str, "hex": value.tobytes().hex()}
         raise StateTypeError(f"cannot store {where or 'the state'}: a {kind.__module__}.{kind.__qualname__} "
-                             f"(a state holds None, bool, int, float, str, bytes, list, tuple, dict, tensors, numpy arrays)")
+                             "(a state holds None, bool, int, float, str, bytes, list, tuple, dict, tensors, "
+                             "numpy arrays)")
 
     def _tensor(self, value: torch.Tensor, where: str) -> dict:
         dtype = str(value.dtype).removeprefix("torch.")

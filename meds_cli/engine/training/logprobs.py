@@ -22,13 +22,15 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from meds_cli.core.forward import full_precision
+
 DEFAULT_CHUNK_TOKENS = 1024  # 1,024 x 151,936 fp32 logits: 0.6 GB per copy
 
 
 def _chunk_stats(head: Callable, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of `tokens` and entropy for one chunk: hidden [n, H], tokens [n] -> two [n]."""
-    logits = head(hidden).float()
+    logits = full_precision(head(hidden))
     if temperature != 1.0:
         logits = logits / temperature
     normaliser = torch.logsumexp(logits, dim=-1)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from meds_cli.core.forward import ForwardView, cache_keyword, output_cache, output_head
+from meds_cli.core.forward import ForwardView, cache_keyword, full_precision, output_cache, output_head
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 
@@ -158,7 +158,7 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
         ent.append(entropy.cpu())
         if observe is not None:
             observe(ForwardView(rows=rows, hidden_states=hidden, model=model, tokenizer=tokenizer, device=device,
-                                make_logits=lambda last=last: logits_of(last).float()))
+                                make_logits=lambda last=last: full_precision(logits_of(last))))
         if with_reference:
             with disable_adapter():
                 ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens, temperature=temperature,

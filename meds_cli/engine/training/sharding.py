@@ -199,7 +199,8 @@ def full_optimizer_state(model: nn.Module, optimizer) -> dict:
     """The optimizer's state with full tensors keyed by parameter name, on process 0. A collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, _inner(optimizer), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(model, _inner(optimizer),
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_full_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
