@@ -75,3 +75,14 @@ def test_decode_samples_what_the_concatenating_cache_samples(monkeypatch, top_p)
         for x, y in zip(a, b):
             assert x.token_ids == y.token_ids and x.stopped == y.stopped
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-6)
+
+
+def test_repeating_rows_matches_concatenation():
+    plain = DynamicLayer()
+    plain.update(*_states(2, 3, 0))
+    reserved = ReservedLayer(plain, torch.tensor([0, 1]), capacity=5)
+    plain.batch_repeat_interleave(2)
+    reserved.batch_repeat_interleave(2)
+    new = _states(4, 1, 1)
+    expected, got = plain.update(*new), reserved.update(*new)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

@@ -6,7 +6,9 @@ attention itself is cheap, and at a few hundred tokens that copy rivals reading 
 (scripts/profile_decode.py shows it as aten::cat). The decode loop knows from the start how long
 a response can be, so each full-attention layer gets one buffer of that capacity: a step writes
 its new position in place, and the layer hands attention a view of the filled part. The values
-are the same tensors element for element, so nothing sampled changes.
+are the same tensors element for element, so nothing sampled changes. A buffer holds the
+longest response from the start (on a GPU that memory is taken at once; on CPU a page is
+taken when a step first writes to it).
 
 Layers of another kind (sliding windows, linear attention) keep their own update.
 """
@@ -51,14 +53,16 @@ class ReservedLayer(DynamicLayer):
         return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._key_buffer = self._key_buffer[indices]
-        self._value_buffer = self._value_buffer[indices]
+        # only the filled positions are copied: on CPU the rest of a buffer is never touched, so
+        # it takes no memory until a step writes there
+        capacity = self._key_buffer.shape[-2]
+        self._key_buffer = _reserve(self.keys, indices, capacity)
+        self._value_buffer = _reserve(self.values, indices, capacity)
         self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
-        self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
-        self._views()
+        rows = torch.arange(self.keys.shape[0], device=self.device).repeat_interleave(repeats)
+        self.batch_select_indices(rows)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
