@@ -56,8 +56,9 @@ def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens:
     cfg = model.config
     linear = sum(m.weight.numel() for name, m in model.named_modules()
                  if isinstance(m, torch.nn.Linear) and "lora_" not in name)  # merged: adapters cost nothing
-    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
-    q_width = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * head_dim
+    q_width = cfg.num_attention_heads * head_dim
     total = 2 * groups * prompt_len * linear / flops
     for t in range(new_tokens):
         context = prompt_len + t
@@ -83,6 +84,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from decode_setup import decoding_policy, engine_requests, prompts_for
+
     from meds_cli.engine.rollout.hf_sampler import HFEngine
     from meds_cli.engine.rollout.sampling_engine import SamplingSettings, stop_token_ids
 

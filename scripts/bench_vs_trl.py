@@ -10,10 +10,10 @@ time at each length over its step time at the shortest (work that grows faster t
 shows as a growth above theirs).
 
 Every process gets OMP_WAIT_POLICY=PASSIVE (meds's default; see meds_cli/core/cpu_budget.py)
-unless the caller set a policy. Each round starts one fresh process per system and shape and times its steps (the first step
-of a process, with its lazy initialisation, is left out); systems alternate within a round, so
-a busy machine slows them alike. Printed: the median wall and CPU seconds per step of each
-system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
+unless the caller set a policy. Each round starts one fresh process per system and shape and
+times its steps (the first step of a process, with its lazy initialisation, is left out); systems
+alternate within a round, so a busy machine slows them alike. Printed: the median wall and CPU
+seconds per step of each system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
 checkout (for before/after figures in one run).
 
 Needs TRL: pip install -e '.[bench]'   (or pip install trl; it leaves torch alone)

@@ -51,6 +51,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from decode_setup import decoding_policy, engine_requests, prompts_for
+
     from meds_cli.engine.rollout.hf_sampler import HFEngine
     from meds_cli.engine.rollout.sampling_engine import SamplingSettings, stop_token_ids
 
