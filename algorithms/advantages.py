@@ -1,9 +1,37 @@
-"""Group-relative advantages (GRPO; Shao et al. 2024) as pure tensor functions.
+"""Advantage estimators: each response's outcome reward -> its advantage, as pure tensor functions.
 
-Responses are laid out group by group: rows g*G .. g*G+G-1 belong to prompt g.
+Responses are laid out group by group: rows g*G .. g*G+G-1 belong to prompt g. Every token of a
+response shares its response's advantage (outcome rewards; no value model, no per-token returns).
+
+Estimators are registered by name in ADV_ESTIMATORS with verl's names (its register_adv_est) and
+chosen by an algorithm's `adv_estimator` config key; each takes (rewards [B], group_size,
+token_counts [B], config) and returns advantages [B]. token_counts holds each response's number of
+tokens, for estimators that weigh responses by length. Formulas and sources: docs/algorithms.md.
 """
 
+from typing import Callable
+
 import torch
+
+from meds_cli.core.registry import Registry
+
+ADV_ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
+
+# verl's masked_whiten adds this to the variance under the square root; kept so numbers compare.
+WHITEN_EPS = 1e-8
+
+
+def register_adv_estimator(name: str, description: str):
+    """Decorator: register an estimator f(rewards, group_size, token_counts, config) -> advantages [B]."""
+    return ADV_ESTIMATORS.register(name, description)
+
+
+def group_means(grouped: torch.Tensor) -> torch.Tensor:
+    """[P, 1] mean reward of each group of `grouped` [P, G]. A group of one has no baseline: like
+    verl's outcome estimators it gets mean 0, so its advantage starts from its own reward."""
+    if grouped.shape[1] == 1:
+        return torch.zeros_like(grouped)
+    return grouped.mean(dim=1, keepdim=True)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
@@ -18,11 +46,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
         return rewards.clone()
     grouped = rewards.float().view(-1, group_size)
     if group_size == 1:
-        mean, std = torch.zeros_like(grouped), torch.ones_like(grouped)
+        std = torch.ones_like(grouped)
     else:
-        mean = grouped.mean(dim=1, keepdim=True)
         std = grouped.std(dim=1, unbiased=True, keepdim=True)
-    centred = grouped - mean
+    centred = grouped - group_means(grouped)
     if scale == "group":
         return (centred / (std + eps)).view(-1)
     if scale == "batch":
@@ -31,6 +58,65 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     if scale == "none":
         return centred.view(-1)
     raise ValueError(f"unknown scale '{scale}'; accepted: group, batch, none")
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g r).
+
+    A group of one has no other response to compare with: A = r, as in verl's
+    compute_rloo_outcome_advantage."""
+    if rewards.numel() == 0 or group_size == 1:
+        return rewards.float().clone()
+    grouped = rewards.float().view(-1, group_size)
+    return ((grouped - group_means(grouped)) * group_size / (group_size - 1)).view(-1)
+
+
+def token_weighted_whiten(values: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
+    """(x_i - m) / sqrt(v + WHITEN_EPS), m and v the mean and unbiased variance over the batch's
+    tokens, where response i contributes x_i once per token: the same numbers as whitening the
+    per-token advantages [B, R] under the response mask (verl's masked_whiten), without building
+    them."""
+    weights = token_counts.float()
+    tokens = weights.sum()
+    mean = (weights * values).sum() / tokens.clamp(min=1)
+    variance = (weights * (values - mean) ** 2).sum() / (tokens - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(variance + WHITEN_EPS)
+
+
+def group_baseline_whitened_advantages(rewards: torch.Tensor, group_size: int,
+                                       token_counts: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025): r_i - mean_g r (a group of one: r_i), then whitened
+    over every token of the batch (token_weighted_whiten)."""
+    if rewards.numel() == 0:
+        return rewards.float().clone()
+    grouped = rewards.float().view(-1, group_size)
+    return token_weighted_whiten((grouped - group_means(grouped)).view(-1), token_counts)
+
+
+@register_adv_estimator("grpo", "(r - group mean) / (group std + adv_eps); scale_rewards batch: the batch's std, "
+                                "none: no division (Dr. GRPO)")
+def grpo_estimator(rewards, group_size, token_counts, config):
+    return group_advantages(rewards, group_size, config.scale_rewards, config.adv_eps)
+
+
+@register_adv_estimator("rloo", "RLOO: r minus the mean reward of the other responses to the same prompt")
+def rloo_estimator(rewards, group_size, token_counts, config):
+    return leave_one_out_advantages(rewards, group_size)
+
+
+@register_adv_estimator("reinforce_plus_plus", "REINFORCE++ (outcome reward, gamma 1): r whitened over the batch's "
+                                               "tokens, no group baseline")
+def reinforce_plus_plus_estimator(rewards, group_size, token_counts, config):
+    # With the reward on the last token and gamma 1 (verl's default), every token's return is r.
+    if rewards.numel() == 0:
+        return rewards.float().clone()
+    return token_weighted_whiten(rewards.float(), token_counts)
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline", "REINFORCE++-baseline: r minus the group mean, then "
+                                                        "whitened over the batch's tokens")
+def reinforce_plus_plus_baseline_estimator(rewards, group_size, token_counts, config):
+    return group_baseline_whitened_advantages(rewards, group_size, token_counts)
 
 
 def zero_spread_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

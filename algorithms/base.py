@@ -22,13 +22,13 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from algorithms.advantages import group_advantages
+from algorithms.advantages import ADV_ESTIMATORS
 from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
 from meds_cli.core.errors import UserError
-from meds_cli.core.fields import Check, at_least, choice, doc, greater_than
+from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require
 from meds_cli.core.records import CORRECTNESS
 from meds_cli.core.registry import Registry
-from meds_cli.core.forward import ForwardView, LensProbe
+from meds_cli.core.forward import ForwardNeeds, ForwardView
 from meds_cli.core.rollouts import Rollouts
 
 ALGORITHMS: Registry = Registry("algorithm")
@@ -47,6 +47,7 @@ def register(name: str, description: str):
 
 @dataclass
 class GRPOConfig:
+    adv_estimator: str = choice("grpo", ADV_ESTIMATORS.names(), "advantage estimator (algorithms/advantages.py)")
     scale_rewards: str = choice("group", ["group", "batch", "none"], "divide advantages by the group std, the batch std, or nothing")
     adv_eps: float = doc(1e-6, "epsilon in the advantage denominator", greater_than(0))
     clip_low: float = doc(0.2, "eps_low: ratio clipped below at 1 - eps_low", Check(lambda v: 0 <= v < 1, "in [0, 1)"))
@@ -59,6 +60,11 @@ class GRPOConfig:
     kl_cov_ratio: float = doc(0.0002, "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
                               Check(lambda v: 0 <= v <= 1, "in [0, 1]"))
     kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens", at_least(0))
+
+    def validate(self, prefix: str) -> None:
+        require(self.adv_estimator == "grpo" or self.scale_rewards == "group",
+                f"{prefix}scale_rewards={self.scale_rewards} applies to {prefix}adv_estimator=grpo only, "
+                f"not {self.adv_estimator}")
 
 
 @dataclass(frozen=True)
@@ -99,40 +105,21 @@ class Algorithm:
                               "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
                               "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
 
-    # -- sampling forward pass
-    #: The first hook of this class that reads what observe_forward saw: None (none does),
-    #: "rewards" (reward_components or keep_groups) or "shaping" (shape_rewards or later).
-    reads_forward_view: str | None = None
-
-    def forward_view_needed_by(self) -> str | None:
-        """When the trainer's scoring pass must have run: "rewards" (before the keep decision, on
-        every sampled group), "shaping" (on the groups that train) or None (the update's own
-        forward may stand in for it)."""
-        return self._own_forward_view_need(Algorithm.observe_forward)
-
-    def _own_forward_view_need(self, inherited_observe) -> str | None:
-        if self.reads_forward_view is None and type(self).observe_forward is not inherited_observe:
-            return "rewards"  # an observe_forward that does not say when it is read: assume the earliest
-        return self.reads_forward_view
-
-    @property
-    def wants_hidden_states(self) -> bool:
-        return False
+    # -- forwards other than the update's: one declaration, two receivers
+    def forward_needs(self, num_layers: int, records_lens: bool) -> ForwardNeeds:
+        """What this algorithm reads besides the update's forward (core/forward.py ForwardNeeds),
+        asked once before the first step: `num_layers` is the model's decoder layer count,
+        `records_lens` whether the rollout engine can record logit-lens values while it samples.
+        Default: nothing, or, for a class that overrides observe_forward without declaring when
+        it reads it, the earliest stage (the safe guess)."""
+        return ForwardNeeds(view="rewards" if type(self).observe_forward is not Algorithm.observe_forward else None)
 
     def observe_forward(self, rollouts: Rollouts, view: ForwardView) -> None:
-        """See the logits (and hidden states if asked) of the no-grad sampling forward pass."""
-
-    def sampler_probe(self, num_layers: int) -> LensProbe | None:
-        """Logit-lens values the rollout engine can record while it samples, in place of what this
-        algorithm would read from the scoring pass; None: it reads the scoring pass. Asked once,
-        and only when the engine records them (`num_layers`: the model's decoder layers). An
-        algorithm that returns a probe gets the values in observe_probe, and its
-        forward_view_needed_by / wants_hidden_states must no longer count on the scoring pass."""
-        return None
+        """See the logits (and hidden states if declared) of the no-grad scoring pass."""
 
     def observe_probe(self, rollouts: Rollouts, tokenizer) -> None:
-        """See the values the engine recorded (rollouts.sampler_lens) for the groups that train,
-        before shape_rewards."""
+        """See the values the engine recorded (rollouts.sampler_lens, asked in forward_needs) for
+        the groups that train, before shape_rewards."""
 
     @property
     def uses_reference(self) -> bool:
@@ -165,7 +152,8 @@ class Algorithm:
 
     # -- advantages and loss
     def compute_advantages(self, rollouts: Rollouts) -> torch.Tensor:
-        return group_advantages(rollouts.rewards, rollouts.group_size, self.config.scale_rewards, self.config.adv_eps)
+        estimate = ADV_ESTIMATORS.get(self.config.adv_estimator)
+        return estimate(rollouts.rewards, rollouts.group_size, rollouts.response_lengths, self.config)
 
     def loss_mask(self, rollouts: Rollouts) -> torch.Tensor:
         """[B, R] tokens that enter the loss. Default: every response token."""
@@ -175,10 +163,15 @@ class Algorithm:
     def loss_agg(self) -> str:
         return self.config.loss_agg
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
         """Per-token loss [b, R] and stats for one micro-batch: the configured policy loss, plus the
-        k3 KL to the reference policy when this algorithm uses one (the only place it is added)."""
+        k3 KL to the reference policy when this algorithm uses one (the only place it is added).
+        `pg_weights` [b, R] (importance-sampling correction, engine/training/importance.py)
+        multiply the policy loss alone: the KL term is an expectation under the trainer's own
+        policy, not under the sampler's, so it is not reweighted (as in verl)."""
         loss, stats = self.policy_loss(logp, old_logp, advantages, mask, self.config)
+        if pg_weights is not None:
+            loss = loss * pg_weights
         if self.uses_reference and ref_logp is not None:
             loss, stats = add_kl_penalty(loss, stats, logp, ref_logp, mask, self.config.kl_coef)
         return loss, stats
@@ -212,16 +205,19 @@ class OnBase(Algorithm):
         super().__init__(config, context)
         self.base = base
 
-    wants_hidden_states = property(lambda self: self.base.wants_hidden_states)
     uses_reference = property(lambda self: self.base.uses_reference)
     loss_agg = property(lambda self: self.base.loss_agg)
 
     def observe_forward(self, rollouts, view):
         self.base.observe_forward(rollouts, view)
 
-    def forward_view_needed_by(self):
-        needs = {self._own_forward_view_need(OnBase.observe_forward), self.base.forward_view_needed_by()}
-        return "rewards" if "rewards" in needs else "shaping" if "shaping" in needs else None
+    def observe_probe(self, rollouts, tokenizer):
+        self.base.observe_probe(rollouts, tokenizer)
+
+    def forward_needs(self, num_layers, records_lens):
+        # the base's needs, and the safe guess for a shaping method's own undeclared observe_forward
+        own = ForwardNeeds(view="rewards" if type(self).observe_forward is not OnBase.observe_forward else None)
+        return self.base.forward_needs(num_layers, records_lens).merged(own)
 
     def reward_components(self, rollouts):
         return self.base.reward_components(rollouts)
@@ -244,8 +240,8 @@ class OnBase(Algorithm):
     def loss_mask(self, rollouts):
         return self.base.loss_mask(rollouts)
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None):
-        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp)
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
+        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp, pg_weights)
 
     def on_step_end(self, rollouts, step):
         self.base.on_step_end(rollouts, step)

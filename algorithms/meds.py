@@ -5,7 +5,7 @@ with `--base grpo`). Departures from the base, each in this file's hooks:
 - observe_probe / observe_forward: logic features of every response, the logit lens at the
   first token of the final answer, one scalar per chosen layer (algorithms/meds_features.py).
   With the `hf` rollout engine they come from the forwards that sampled the responses
-  (sampler_probe: the engine records each token's lens values), so MEDS adds no forward pass to
+  (forward_needs asks the engine to record each token's lens values), so MEDS adds no forward pass to
   its base; with vLLM (no hidden states) from the trainer's scoring pass;
 - shape_rewards: per prompt, HDBSCAN over the prompt's memory plus the current responses; a wrong
   response in a cluster of |C| members loses min(alpha * log(|C| + 1), beta) (algorithms/meds_memory.py);
@@ -33,13 +33,13 @@ import torch
 from algorithms.base import OnBase, register
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
 from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
-from algorithms.meds_features import check_layer_spec, resolve_layers
+from algorithms.meds_features import ANCHOR_RULES, FEATURE_DTYPES, check_layer_spec, resolve_layers, rounded_features
 from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
 from algorithms.meds_memory import (KINDS, NOISE, NOISE_RULES, Memory, bounded, cluster_penalty,
                                     l2_normalize, shape_rewards_with_penalty, snippet, top1_eigen_ratio)
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import choice, doc, require
-from meds_cli.core.forward import LensProbe
+from meds_cli.core.forward import ForwardNeeds, LensProbe
 from meds_cli.core.rollouts import Rollouts
 
 FEATURES = "meds_features"  # rollouts.extras keys this algorithm writes
@@ -66,6 +66,13 @@ class MEDSConfig:
     alpha: float = doc(0.1, "penalty = min(alpha * log(|C| + 1), beta)")
     beta: float = doc(0.2, "penalty cap")
     unboxed: str = choice("last_token", ["last_token", "skip"], "a response without \\boxed{: last_token = logit-lens feature at its last token, clustered and penalised like any other; skip = no feature, never stored nor penalised (reference code)")
+    anchor: str = choice("project", list(ANCHOR_RULES), "how y*, the first answer token after \\boxed{, is found: "
+                         "project = from the text, whatever token holds the brace; reference = the reference code's "
+                         "search of the token ids (the ids of '\\boxed{', else a token containing 'boxed' and a '{' "
+                         "within 10 tokens; neither: the response counts as unboxed)")
+    feature_dtype: str = choice("float32", list(FEATURE_DTYPES), "precision the logit-lens features are kept in: "
+                                "bfloat16 rounds each value to bf16, as the reference code's lm_head under bf16 "
+                                "autocast does")
     target: str = choice("wrong", ["wrong", "both"], "wrong: r - penalty on wrong responses; both: also r / (1 + penalty) on correct ones")
     snippet_chars: int = doc(160, "characters of each response kept in memory for `meds cluster-inspect`")
     # Ablations (`meds ablate`); the defaults are the paper's method.
@@ -114,7 +121,6 @@ class StepState:
 @register("meds", "MEDS: penalise wrong responses in large clusters of past errors (logit-lens features + HDBSCAN memory)")
 class MEDS(OnBase):
     config_class = MEDSConfig
-    reads_forward_view = "shaping"  # features of the responses that train
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)
@@ -126,26 +132,19 @@ class MEDS(OnBase):
         self.workers = resolve_workers(config.cluster_workers)
         self._step: StepState | None = None
         self._layers: list[int] = []  # hidden-state indices of the features, known at the first forward
-        self._from_sampler = False  # features from the engine's recorded lens values (sampler_probe)
+        self._from_sampler = False  # features from the engine's recorded lens values (forward_needs)
         self._metrics: dict[str, float] = {}
-
-    @property
-    def wants_hidden_states(self) -> bool:
-        return self.features.needs_hidden_states and not self._from_sampler
-
-    def forward_view_needed_by(self):
-        if self._from_sampler:  # the features come with the samples: only the base may need the pass
-            return self.base.forward_view_needed_by()
-        return super().forward_view_needed_by()
 
     # ------------------------------------------------------------ features
 
-    def sampler_probe(self, num_layers):
-        if not self.features.reads_lens:
-            return None
-        self._layers = resolve_layers(self.config.layers, num_layers)
-        self._from_sampler = True
-        return LensProbe(tuple(self._layers), self.config.final_norm)
+    def forward_needs(self, num_layers, records_lens):
+        base = self.base.forward_needs(num_layers, records_lens)
+        self._from_sampler = self.features.reads_lens and records_lens
+        if self._from_sampler:  # the features come with the samples: only the base may need the pass
+            self._layers = resolve_layers(self.config.layers, num_layers)
+            return base.merged(ForwardNeeds(lens=LensProbe(tuple(self._layers), self.config.final_norm)))
+        # features of the responses that train, read from the scoring pass
+        return base.merged(ForwardNeeds(view="shaping", hidden_states=self.features.needs_hidden_states))
 
     def observe_probe(self, rollouts, tokenizer):
         self.base.observe_probe(rollouts, tokenizer)
@@ -167,13 +166,14 @@ class MEDS(OnBase):
         """Features (and anchors) of rows start..stop into rollouts.extras."""
         if built.layers is not None:
             self._layers = built.layers
+        values = rounded_features(built.values, self.config.feature_dtype) if self.features.reads_lens else built.values
         extras = rollouts.extras
         if FEATURES not in extras:
-            extras[FEATURES] = torch.zeros(rollouts.size, built.values.shape[1])
+            extras[FEATURES] = torch.zeros(rollouts.size, values.shape[1])
             if built.anchor_index is not None:
                 extras[ANCHOR_INDEX] = torch.zeros(rollouts.size, dtype=torch.long)
                 extras[ANCHOR_KIND] = [""] * rollouts.size
-        extras[FEATURES][start:stop] = built.values
+        extras[FEATURES][start:stop] = values
         if built.anchor_index is not None:
             extras[ANCHOR_INDEX][start:stop] = built.anchor_index
             extras[ANCHOR_KIND][start:stop] = built.anchor_kind

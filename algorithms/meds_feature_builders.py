@@ -54,11 +54,12 @@ class FeatureBuilder:
         raise NotImplementedError
 
 
-def answer_anchors(rollouts, start: int, stop: int, tokenizer) -> tuple[torch.Tensor, list[str]]:
+def answer_anchors(rollouts, start: int, stop: int, tokenizer,
+                   rule: str = "project") -> tuple[torch.Tensor, list[str]]:
     """(y* index [b], anchor kind per response) of rows start..stop (meds_features.answer_anchor)."""
     lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
     anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
-                             bool(rollouts.truncated[i]), tokenizer)
+                             bool(rollouts.truncated[i]), tokenizer, rule)
                for i, n in zip(range(start, stop), lengths)]
     return torch.tensor([j for j, _ in anchors], dtype=torch.long), [kind for _, kind in anchors]
 
@@ -73,7 +74,7 @@ class LogitLensFeatures(FeatureBuilder):
         if view.hidden_states is None:
             return None
         layers = resolve_layers(self.config.layers, len(view.hidden_states) - 1)
-        index, kinds = answer_anchors(rollouts, start, stop, view.tokenizer)
+        index, kinds = answer_anchors(rollouts, start, stop, view.tokenizer, self.config.anchor)
         device = view.hidden_states[0].device
         tokens = rollouts.response_ids[start:stop].gather(1, index.unsqueeze(1)).squeeze(1)
         norm, head = output_head(view.model)
@@ -85,7 +86,7 @@ class LogitLensFeatures(FeatureBuilder):
     def from_lens(self, rollouts, tokenizer, layers: list[int]) -> BuiltFeatures:
         """The same features for the whole batch, from rollouts.sampler_lens: the value the
         sampler recorded at each response's y*."""
-        index, kinds = answer_anchors(rollouts, 0, rollouts.size, tokenizer)
+        index, kinds = answer_anchors(rollouts, 0, rollouts.size, tokenizer, self.config.anchor)
         rows = [lens[j] if j < len(lens) else lens.new_zeros(len(layers))  # an empty response has no y*
                 for lens, j in zip(rollouts.sampler_lens, index.tolist())]
         return BuiltFeatures(torch.stack(rows).float(), index, kinds, layers)

@@ -4,9 +4,13 @@ Liu et al. 2026 (arXiv 2604.11297), Method, "logic feature extraction"; docs/alg
 step 1: f(y) = concat(l*(n), n in the chosen layers), where l*(n) is the logit of the answer's
 first token y* read from layer n's hidden state through the model's output head.
 
-Anchor: which response token y* is.
+Anchor: which response token y* is (`meds.anchor` says how the box is found, ANCHOR_RULES).
 - 'boxed': the response has a `\\boxed{` (the last one, closed or not) followed by at least one
-  character: y* is the token that produces the first character after the brace.
+  character: y* is the token that produces the first character after the brace (rule 'project',
+  read from the text: found whatever the tokenizer merged the brace with); or, with rule
+  'reference', the token after the brace as the reference code finds it in the token ids
+  (`reference_answer_index`: no box found there for ` \\boxed{42}` after a space, `$\\boxed{7}$`,
+  or a brace merged into `{\\` or `{}` by SmolLM2's tokenizer).
 - 'last': no usable `\\boxed{` in a response that ended by itself: y* is its last token, the EOS
   (the model's confidence in stopping stands in for an answer).
 - 'truncated': no usable `\\boxed{` in a response cut by the length limit: y* is the last token
@@ -20,10 +24,13 @@ output of decoder layer n. transformers returns entry N after the model's final 
 (Llama, Qwen2, SmolLM2), so layer N's value is exactly the model's own logit of y*;
 `final_norm: true` applies the final norm to the other chosen layers as well (the reference code
 does not). `last_half` is the last N // 2 layers (14 numbers for a 28-layer model: the paper's
-MEDS-14), `last:K` the last K, or an explicit list (negative numbers count from N).
+MEDS-14), `last:K` the last K (all N, with a warning, when K > N: the reference code's slice), or
+an explicit list (negative numbers count from N).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -57,8 +64,10 @@ def resolve_layers(spec, num_layers: int) -> list[int]:
         return list(range(n - max(1, n // 2) + 1, n + 1))
     if isinstance(spec, str):
         k = int(spec[5:])
-        if k > n:
-            raise UserError(f"meds.layers 'last:{k}' asks for more layers than the model has ({n})")
+        if k > n:  # the reference code slices the last K of its per-layer logits: all of them when fewer
+            warnings.warn(f"meds.layers 'last:{k}' asks for more layers than the model has ({n}); using all {n}",
+                          UserWarning, stacklevel=2)
+            k = n
         return list(range(n - k + 1, n + 1))
     layers = []
     for value in spec:
@@ -122,15 +131,68 @@ def _guess_from_the_end(tokenizer, token_ids: list[int], need: int) -> int | Non
     return covered
 
 
-def answer_anchor(text: str, token_ids: list[int], truncated: bool, tokenizer) -> tuple[int, str]:
+BOXED_OPENING = "\\boxed{"
+REFERENCE_LOOKAHEAD = 10  # tokens after a "boxed" token in which the reference looks for the brace
+
+
+def reference_answer_index(token_ids: list[int], opening_ids: list[int], token_texts: list[str]) -> int | None:
+    """y* as the reference code finds it (Linxi000/MEDS, extract_layer_logits.py
+    find_brace_positions_in_responses), or None where it skips the response: the brace is the
+    last token of the last exact run of `opening_ids` (the ids of encode("\\boxed{")); failing
+    that, going back from the end, a token whose text contains "boxed" (any case), with the brace
+    the first of it and the REFERENCE_LOOKAHEAD - 1 tokens after it whose text contains "{".
+    y* is the token after the brace (the one its position predicts); a brace that is the
+    response's last token has none here (the reference would read the padding after it).
+    `token_texts`: the tokenizer's own token strings (convert_ids_to_tokens), as the reference reads."""
+    brace, width = None, len(opening_ids)
+    if width:
+        brace = next((j + width - 1 for j in range(len(token_ids) - width, -1, -1)
+                      if token_ids[j:j + width] == opening_ids), None)
+    if brace is None:
+        for idx in range(len(token_texts) - 1, -1, -1):
+            if "boxed" in (token_texts[idx] or "").lower():
+                window = range(idx, min(idx + REFERENCE_LOOKAHEAD, len(token_texts)))
+                brace = next((m for m in window if "{" in (token_texts[m] or "")), None)
+                if brace is not None:
+                    break
+    return brace + 1 if brace is not None and brace + 1 < len(token_ids) else None
+
+
+def _project_box(text: str, token_ids: list[int], tokenizer) -> int | None:
+    start = last_boxed_start(text) if text else None
+    return char_to_token(tokenizer, token_ids, start, text) if start is not None else None
+
+
+def _reference_box(text: str, token_ids: list[int], tokenizer) -> int | None:
+    opening = tokenizer.encode(BOXED_OPENING, add_special_tokens=False)
+    return reference_answer_index(token_ids, opening, tokenizer.convert_ids_to_tokens(token_ids))
+
+
+# meds.anchor: how y* of a boxed answer is found; (text, token ids, tokenizer) -> index or None.
+ANCHOR_RULES = {"project": _project_box, "reference": _reference_box}
+
+
+def answer_anchor(text: str, token_ids: list[int], truncated: bool, tokenizer,
+                  rule: str = "project") -> tuple[int, str]:
     """(index j of y* among the response tokens, anchor kind); see the module docstring."""
     last = max(0, len(token_ids) - 1)
-    start = last_boxed_start(text) if text else None
-    if start is not None and tokenizer is not None:
-        j = char_to_token(tokenizer, token_ids, start, text)
+    if tokenizer is not None:
+        j = ANCHOR_RULES[rule](text, token_ids, tokenizer)
         if j is not None:
             return j, "boxed"
     return last, "truncated" if truncated else "last"
+
+
+# meds.feature_dtype: the precision the logit-lens values are kept in.
+FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def rounded_features(values: torch.Tensor, dtype: str) -> torch.Tensor:
+    """`values` rounded to the nearest `dtype` number (FEATURE_DTYPES), returned as float32. The
+    reference code reads its lens values from an lm_head that ran under bf16 autocast, so each
+    is a bf16 number: 'bfloat16' reproduces that rounding (values that differ by less than the
+    bf16 spacing, 2^-7 of the value's power of two, become equal)."""
+    return values.to(FEATURE_DTYPES[dtype]).float()
 
 
 def lens_logits(hidden_states, layers: list[int], rows: torch.Tensor, columns: torch.Tensor, tokens: torch.Tensor,

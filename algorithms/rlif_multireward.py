@@ -34,12 +34,14 @@ from algorithms.base import Algorithm, GRPOConfig, register
 from algorithms.policy_loss import POLICY_LOSSES
 from benchmarks.answer_extraction import extract_answer
 from meds_cli.core.fields import at_least, choice, doc
+from meds_cli.core.forward import ForwardNeeds
 
 EXTRACTIONS = ["auto", "boxed", "boxed_then_last_number", "boxed_or_last_integer", "first_char"]
 
 
 @dataclass
 class RLIFConfig(GRPOConfig):
+    adv_estimator: str = choice("grpo", ["grpo"], "GDPO computes the advantages (compute_advantages below)")
     scale_rewards: str = choice("group", ["group"], "GDPO z-scores each channel within its group")
     extraction: str = choice("auto", EXTRACTIONS, "how final answers are read from responses; auto: from the task")
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "answer clusters: canonical key then grader, or key only")
@@ -93,7 +95,6 @@ def read_answer(text: str, mode: str) -> str | None:
 @register("rlif-multireward", "label-free: cluster voting + self-certainty, GDPO normalization, KL-Cov loss")
 class RLIFMultiReward(Algorithm):
     config_class = RLIFConfig
-    reads_forward_view = "rewards"  # self-certainty is a reward channel
 
     def __init__(self, config, context):
         super().__init__(config, context)
@@ -103,6 +104,9 @@ class RLIFMultiReward(Algorithm):
             self.extraction, self.read_answer = config.extraction, functools.partial(read_answer, mode=config.extraction)
 
     # -- rewards: from the responses and the sampling pass only
+    def forward_needs(self, num_layers, records_lens):
+        return ForwardNeeds(view="rewards")  # self-certainty is a reward channel
+
     def observe_forward(self, rollouts, view):
         values = rollouts.extras.setdefault("self_certainty", torch.zeros(rollouts.size))
         logits = view.response_logits()

@@ -1,5 +1,6 @@
 """What `meds eval` leaves behind and shows: results.json, the score table, the pass@k plot,
-and the comparison of several evals (`meds eval --compare`).
+and the comparison of several evals (`meds eval --compare`: the table, the curves, and the
+paired difference of each eval against the first, problem by problem, from their samples).
 
 results.json is the one source for reports: the table, the plot and --compare all read the
 same document, so a comparison of old evals needs no model and no generation.
@@ -14,7 +15,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
+from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_figure, replace_text
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
@@ -22,9 +26,7 @@ PLOT_FILE = "pass_at_k.png"
 
 def write_results(folder: Path, document: dict) -> Path:
     path = Path(folder) / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    replace_text(path, json.dumps(document, indent=2) + "\n")  # never half a file, even on a full disk
     return path
 
 
@@ -35,6 +37,12 @@ def _pct(value: float | None) -> str:
 def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
     """At most `limit` k columns: the first ones and the last (k = 1, 2, 4, 8, ..., 128)."""
     return ks if len(ks) <= limit else ks[: limit - 1] + ks[-1:]
+
+
+def _truncated_cell(scores: dict) -> str:
+    """Responses that hit the length limit: 'count (share %)' (the share alone for older results)."""
+    share = _pct(scores["truncated_share"])
+    return f"{scores['truncated']} ({share}%)" if "truncated" in scores else share
 
 
 def _problems_cell(scores: dict) -> str:
@@ -66,7 +74,7 @@ def score_table(document: dict, title: str | None = None) -> Table:
         table.add_row(
             f"[bold]{name}[/]" if name == "average" else name, _problems_cell(scores),
             *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
-            f"{scores['mean_response_length']:.0f}", _pct(scores["truncated_share"]), str(scores["timeouts"]),
+            f"{scores['mean_response_length']:.0f}", _truncated_cell(scores), str(scores["timeouts"]),
         )
     notes = [f"{name}: {scores['data']['note']}" for name, scores in rows if (scores.get("data") or {}).get("note")]
     if notes:  # the data was not what the benchmark should be: say so under the scores
@@ -75,7 +83,8 @@ def score_table(document: dict, title: str | None = None) -> Table:
 
 
 def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
-    """pass@k against k (log2 axis), one panel per benchmark, one line per labelled results document."""
+    """pass@k against k (log2 axis), one panel per benchmark, one line per labelled results document,
+    with its 95% interval over problems as a band where the results have one."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and in tests
@@ -91,7 +100,11 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
             if scores is None:
                 continue
             ks = [int(k) for k in scores["pass@k"]]
-            ax.plot(ks, [100 * v for v in scores["pass@k"].values()], marker="o", label=label)
+            [line] = ax.plot(ks, [100 * v for v in scores["pass@k"].values()], marker="o", label=label)
+            intervals = scores.get("pass@k_ci") or {}
+            if all(str(k) in intervals for k in ks):  # the 95% bootstrap interval over problems
+                ax.fill_between(ks, [100 * intervals[str(k)][0] for k in ks], [100 * intervals[str(k)][1] for k in ks],
+                                color=line.get_color(), alpha=0.15)
         ax.set_xscale("log", base=2)
         ax.set_title(name)
         ax.set_xlabel("k")
@@ -101,7 +114,7 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    replace_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -129,8 +142,9 @@ def load_results(target: Path) -> tuple[str, dict]:
     path = find_results(target)
     try:
         document = json.loads(path.read_text())
-        document["benchmarks"]
-    except (ValueError, KeyError, TypeError):
+        if not all(isinstance(s["pass@k"], dict) and "problems" in s for s in document["benchmarks"].values()):
+            raise TypeError("not a benchmark's scores")  # valid JSON of another shape
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"'{path}' is not a results.json written by meds eval") from None
     return document.get("model") or path.parent.name, document
 
@@ -180,6 +194,31 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
     summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
                          for (label, doc), t in zip(labelled, targets)]}
+    paired = paired_against_first(labelled, targets, console)
+    if paired:
+        summary["paired"] = paired
+        written = write_paired(paired, folder)
+        (folder / "summary.md").write_text(f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
+                                           + paired_markdown(paired))
+        console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  "
+                      f"summary: {folder / 'summary.md'}")
     (folder / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(f"plot: {plot}")
     return folder
+
+
+def paired_against_first(labelled: list[tuple[str, dict]], targets: list[Path], console: Console) -> list[dict]:
+    """Each eval after the first against the first, problem by problem; printed as verdict lines.
+    Evals without their samples (an old results.json alone) get a note instead."""
+    baseline = Arm(labelled[0][0], [find_results(targets[0])])
+    comparisons = []
+    for (label, _), target in zip(labelled[1:], targets[1:]):
+        try:
+            comparisons.append(compare_arms(Arm(label, [find_results(target)]), baseline))
+        except UserError as error:
+            console.print(f"[yellow]note:[/] no paired statistics for {label} against {baseline.label}: {error}")
+    for line in verdict_lines(comparisons):
+        console.print(line, highlight=False)
+    for comparison in comparisons:
+        console.print(flipped_summary(comparison), highlight=False)
+    return comparisons

@@ -1,6 +1,7 @@
 """What the eval harness asks of a generation backend: requests in, responses out.
 
-The backends themselves (HF generate, vLLM) load models, so they live in the engine
+The backends themselves (the `hf` engine's own decode loop, which does not call
+`model.generate`, and vLLM) load models, so they live in the engine
 (meds_cli/engine/rollout/eval_backends.py); the harness only knows this interface.
 """
 
@@ -15,7 +16,7 @@ class GenerationSettings:
     temperature: float
     top_p: float
     max_new_tokens: int
-    batch_size: int  # rows per HF generate call (vLLM schedules its own batches)
+    batch_size: int  # rows per batch of the hf engine's decode loop (vLLM schedules its own batches)
 
 
 @dataclass(frozen=True)

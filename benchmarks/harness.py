@@ -30,11 +30,13 @@ from typing import Protocol
 
 from benchmarks.answer_extraction import answer_key
 from benchmarks.generation import Backend, Generated, Request
+from benchmarks.paired_stats import mean_interval, per_problem_pass_at_k
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
 from benchmarks.prompts import problem_prompt
 from benchmarks.code_rows import row_count_mismatch
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_text
 from meds_cli.core.jsonl import append_rows, drop_cut_off_tail, rewrite_rows
 from meds_cli.core.records import Problem
 
@@ -46,6 +48,7 @@ SAMPLE_SHAPING = ("model", "backend", "prompt", "system_prompt", "chat_template_
 # What a state file written before a setting existed means by its absence.
 _SHAPING_DEFAULTS = {"system_prompt": "", "chat_template_kwargs": {}}
 SHORT_RESPONSE_TOKENS = 2  # a response this short is almost never an answer to a benchmark problem
+CI_RESAMPLES = 2000  # enough for a 95% interval to two decimals; 8 ks x 500 problems stay well under a second
 _MAX_PENDING_GRADING = 4  # problems generated but not yet graded; bounds memory if grading lags
 
 
@@ -107,6 +110,15 @@ def problem_seed(seed: int, benchmark: str, problem_id: str, first_sample: int) 
     (sha256, not hash(): Python salts string hashes per process)."""
     digest = hashlib.sha256(f"{seed}/{benchmark}/{problem_id}/{first_sample}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def prompt_for(benchmark: Benchmark, problem: Problem, tokenizer, settings: EvalSettings) -> str:
+    """The benchmark's own prompt where it has one (a training task's held-out split is prompted
+    as in training), else the settings' style around the problem."""
+    if benchmark.prompt is not None:
+        return benchmark.prompt(problem, tokenizer)
+    return problem_prompt(benchmark.kind, problem, tokenizer, settings.prompt, system_prompt=settings.system_prompt,
+                          template_kwargs=settings.chat_template_kwargs)
 
 
 # ---------------------------------------------------------------- the samples file
@@ -179,7 +191,7 @@ def check_state(folder: Path, settings: EvalSettings) -> None:
                     f"{folder} holds samples drawn with {key}={theirs.get(key)!r}, not {mine[key]!r}; "
                     f"pass another --output, or delete {folder / SAMPLES_FILE} to start over"
                 )
-    path.write_text(json.dumps(mine, indent=2) + "\n")
+    replace_text(path, json.dumps(mine, indent=2) + "\n")  # a full disk never leaves half of it
 
 
 # ---------------------------------------------------------------- scoring
@@ -213,8 +225,13 @@ def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> 
         "problems": len(per_problem),
         "n": min(n for n, _ in counts),
         "pass@k": {str(k): v for k, v in mean_pass_at_k(counts, ks).items()},
+        # 95% bootstrap interval over problems of the per-problem unbiased values (exact 0/1 only when k = n)
+        "pass@k_ci": {str(k): list(mean_interval([per_problem_pass_at_k(counts, k)], resamples=CI_RESAMPLES))
+                      for k in ks},
         "maj@k": None,
         "mean_response_length": sum(r["length"] for r in every) / len(every),
+        "truncated": sum(r["truncated"] for r in every),  # responses that hit max_new_tokens
+        "responses": len(every),
         "truncated_share": sum(r["truncated"] for r in every) / len(every),
         "short_response_share": sum(r["length"] <= SHORT_RESPONSE_TOKENS for r in every) / len(every),
         "outcomes": dict(sorted(outcomes.items())),
@@ -245,6 +262,8 @@ def average_scores(per_benchmark: dict[str, dict]) -> dict:
         "maj@k": mean_of("maj@k"),
         "mean_response_length": sum(s["mean_response_length"] for s in scored) / len(scored),
         "truncated_share": sum(s["truncated_share"] for s in scored) / len(scored),
+        "truncated": sum(s.get("truncated", 0) for s in scored),
+        "responses": sum(s.get("responses", 0) for s in scored),
         "timeouts": sum(s["timeouts"] for s in scored),
     }
 
@@ -342,8 +361,7 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-grading") as grader:
         for offset in range(0, len(todo), backend.chunk_problems):
             chunk = todo[offset:offset + backend.chunk_problems]
-            requests = [Request(problem_prompt(b.kind, p, backend.tokenizer, settings.prompt, system_prompt=settings.system_prompt,
-                                               template_kwargs=settings.chat_template_kwargs), n - first,
+            requests = [Request(prompt_for(b, p, backend.tokenizer, settings), n - first,
                                 problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in chunk]
             t0 = time.perf_counter()
             outputs = backend.generate(requests)

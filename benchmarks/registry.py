@@ -32,6 +32,9 @@ class Benchmark:
     load: Callable[[Path | None, int | None], list[Problem]]
     # grade(pairs of (problem, response)) -> verdicts, in order; batched so a worker pool can run them.
     grade: Callable[[Sequence[tuple[Problem, str]]], list[Verdict]]
+    # prompt(problem, tokenizer) -> text, where the benchmark prompts its own way (a training
+    # task's held-out split, prompted as in training); None: the eval's prompt style.
+    prompt: Callable[[Problem, object], str] | None = None
 
 
 TASKS: Registry = Registry("task")

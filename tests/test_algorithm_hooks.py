@@ -114,3 +114,72 @@ def test_base_cannot_be_a_shaping_method():
         pytest.skip("meds not registered yet")
     with pytest.raises(UserError, match="accepted bases"):
         build_algorithm(tiny_config("algo.name=meds", "algo.base=meds"))
+
+
+def test_tis_weights_multiply_the_policy_gradient_term_and_not_the_kl():
+    a = algo("grpo", "grpo.kl_coef=0.5")
+    logp = torch.zeros(1, 2)
+    ref = torch.log(torch.tensor([[0.5, 1.0]]))
+    weights = torch.tensor([[0.25, 2.0]])
+    loss, _ = a.token_loss(logp, logp, torch.tensor([1.0]), torch.ones(1, 2), ref, weights)
+    # ratio 1, A = 1: surrogate -1 per token, times w; k3 (tok0) = exp(-ln2) + ln2 - 1 = 0.193147, unweighted
+    assert loss.tolist()[0] == pytest.approx([-0.25 + 0.5 * 0.193147, -2.0], abs=1e-6)
+
+
+def test_onbase_forwards_every_public_hook_of_algorithm():
+    import inspect
+
+    from algorithms.base import Algorithm, OnBase
+
+    hooks = {name for name, value in vars(Algorithm).items()  # methods and properties; not config_class
+             if not name.startswith("_") and (inspect.isfunction(value) or isinstance(value, property))}
+    assert {"forward_needs", "observe_probe", "token_loss", "shape_rewards"} <= hooks  # the scan finds hooks
+    assert sorted(hooks - set(vars(OnBase))) == []
+
+
+def test_onbase_hands_the_lens_probe_hooks_to_its_base():
+    from algorithms.base import OnBase
+    from meds_cli.core.forward import ForwardNeeds, LensProbe
+
+    class Recording(type(algo("grpo"))):
+        def forward_needs(self, num_layers, records_lens):
+            return ForwardNeeds(lens=LensProbe((num_layers,), False))
+
+        def observe_probe(self, rollouts, tokenizer):
+            self.seen = (rollouts, tokenizer)
+
+    base = Recording(algo("grpo").config, algo("grpo").context)
+    shaping = OnBase(algo("grpo").config, algo("grpo").context, base)
+    assert shaping.forward_needs(4, records_lens=True).lens == LensProbe((4,), False)
+    shaping.observe_probe("batch", "tokenizer")
+    assert base.seen == ("batch", "tokenizer")
+
+
+def test_forward_needs_merge_keeps_the_earliest_view_and_every_need():
+    from meds_cli.core.forward import ForwardNeeds, LensProbe
+
+    probe = LensProbe((1, 4), True)
+    assert ForwardNeeds().merged(ForwardNeeds()) == ForwardNeeds()
+    assert ForwardNeeds(view="shaping").merged(ForwardNeeds(view="rewards")).view == "rewards"
+    assert ForwardNeeds(view="rewards").merged(ForwardNeeds(view="shaping")).view == "rewards"
+    assert ForwardNeeds(view=None).merged(ForwardNeeds(view="shaping")).view == "shaping"
+    both = ForwardNeeds(hidden_states=True).merged(ForwardNeeds(lens=probe))
+    assert both == ForwardNeeds(None, True, probe)
+    assert ForwardNeeds(lens=probe).merged(ForwardNeeds(lens=probe)).lens == probe
+    with pytest.raises(ValueError, match="two different"):
+        ForwardNeeds(lens=probe).merged(ForwardNeeds(lens=LensProbe((2,), True)))
+    with pytest.raises(ValueError, match="accepted"):
+        ForwardNeeds(view="later")
+
+
+def test_forward_needs_of_each_algorithm():
+    """GRPO and DAPO read nothing beyond the update; RLIF reads the pass at reward time; MEDS reads
+    lens values from an engine that records them, else the pass's hidden states at shaping time."""
+    from meds_cli.core.forward import ForwardNeeds, LensProbe
+
+    assert algo("grpo").forward_needs(4, records_lens=True) == ForwardNeeds()
+    assert algo("dapo").forward_needs(4, records_lens=False) == ForwardNeeds()
+    assert algo("rlif-multireward").forward_needs(4, records_lens=True) == ForwardNeeds(view="rewards")
+    assert algo("meds").forward_needs(4, records_lens=False) == ForwardNeeds(view="shaping", hidden_states=True)
+    needs = algo("meds").forward_needs(4, records_lens=True)
+    assert needs.view is None and not needs.hidden_states and isinstance(needs.lens, LensProbe)

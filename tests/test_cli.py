@@ -85,7 +85,7 @@ def test_offline_unknown_hub_model(tmp_path):
 def test_list_shows_registries():
     result = invoke("list")
     assert result.exit_code == 0
-    for name in ["grpo", "dapo", "arithmetic", "copy", "smollm2-135m", "Qwen2.5-Math-1.5B"]:
+    for name in ["grpo", "dapo", "rloo", "dual-clip", "arithmetic", "copy", "smollm2-135m", "Qwen2.5-Math-1.5B"]:
         assert name in result.output
 
 

@@ -65,3 +65,12 @@ def test_tis_weights_each_token_loss_by_the_capped_ratio(tmp_path):
     plain, corrected = _update_loss(tmp_path, "none"), _update_loss(tmp_path, "tis")
     assert plain != 0
     assert corrected == pytest.approx(1.5 * plain, rel=1e-5)  # ratio 2, capped at 1.5
+
+
+def test_mismatch_metrics_are_not_logged_under_nucleus_sampling(tmp_path):
+    # The sampler's log-probs are of the nucleus (renormalised), the trainer's of the full softmax:
+    # the gap would be the nucleus mass, not a kernel mismatch (engine/training/importance.py).
+    trainer = Trainer(tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.top_p=0.7",
+                                  output_dir=tmp_path), tmp_path)
+    row = trainer.train_step()
+    assert trainer.sampler_is_full_softmax is False and not any(key.startswith("mismatch/") for key in row)

@@ -285,7 +285,8 @@ def test_full_disk_while_writing_a_checkpoint(tmp_path, monkeypatch, failing):
         monkeypatch.setattr(checkpoints_module, "write_manifest", no_space)
     run = tmp_path / "run"
     line = final_error_line(train("--steps", 2, "--output", run, "--set", "train.checkpoint_every=1"))
-    assert "could not write checkpoint" in line and "No space left on device" in line
+    assert line == (f"error: disk full while writing checkpoint 1 (No space left on device); the run has no checkpoint "
+                    f"yet, so a resume starts it over from step 0: free some space, then run meds train --resume {run}")
     assert list((run / "checkpoints").iterdir()) == []  # no half checkpoint, no .tmp folder
     assert not (run / ".lock").exists()
     monkeypatch.undo()

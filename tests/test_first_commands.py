@@ -123,3 +123,111 @@ def test_mostly_one_token_answers_are_reported_as_a_prompt_problem(tmp_path, dat
     assert document["benchmarks"]["math500"]["short_response_share"] == 1.0
     assert "math500 100%" in document["warnings"][0]
     torch.manual_seed(0)  # leave no trace in the global RNG for later tests
+
+
+# ---------------------------------------------------------------- an eval of a run: what it trained for
+
+
+def test_run_defaults_follow_the_run():
+    from meds_cli.commands.eval import run_defaults
+
+    assert run_defaults("arithmetic", 48, None, None)[:2] == (["heldout"], 48)  # a toy task: its split, its length
+    assert run_defaults("math", 1024, None, None)[:2] == (["math500"], 4096)  # a math run: math500
+    assert run_defaults(None, None, None, None)[:2] == (["math500"], 4096)  # a model
+    assert run_defaults("arithmetic", 48, ["aime24"], None)[:2] == (["aime24"], 4096)  # what is asked wins
+    assert run_defaults("arithmetic", 48, None, 16)[:2] == (["heldout"], 16)
+    assert "task 'arithmetic'" in run_defaults("arithmetic", 48, None, None)[2]
+
+
+def test_truncation_warning_counts_and_names_the_option():
+    from meds_cli.commands.eval import truncation_warning
+
+    document = {"config": {"max_new_tokens": 4096}, "benchmarks": {
+        "math500": {"truncated": 3, "responses": 4, "truncated_share": 0.75},
+        "aime24": {"truncated": 1, "responses": 4, "truncated_share": 0.25}}}
+    line = truncation_warning(document)
+    assert "4096-token limit" in line and "math500 3 of 4" in line and "aime24" not in line
+    assert "--max-new-tokens" in line
+    document["benchmarks"]["math500"]["truncated_share"] = 0.5
+    assert truncation_warning(document) is None
+
+
+def test_eval_of_a_run_defaults_to_its_held_out_split(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = tiny_config("train.steps=1", output_dir=run_dir)  # the copy task, 2-token responses
+    Trainer(cfg, run_dir).train()
+    dump_yaml(cfg, run_dir / "config.yaml")
+    result = invoke("eval", run_dir, "--k", "2", "--n", "2", "-q")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "benchmarks: heldout at up to 2 tokens (what the run was trained for (task 'copy')" in text
+    assert "work: 10 problems x 2 samples x up to 2 tokens = up to 40 tokens" in text
+    results = json.loads((run_dir / "eval" / "step_1" / "results.json").read_text())
+    assert list(results["benchmarks"]) == ["heldout-copy"] and results["config"]["max_new_tokens"] == 2
+    scores = results["benchmarks"]["heldout-copy"]
+    assert scores["problems"] == 10 and scores["responses"] == 20 and 0 <= scores["truncated"] <= 20
+    samples = [json.loads(line) for line in (run_dir / "eval" / "step_1" / "samples.jsonl").read_text().splitlines()]
+    assert {s["problem_id"] for s in samples} == {f"copy-{d}" for d in range(10)}
+
+
+def test_held_out_split_needs_a_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("eval", "--model", "tiny-llama", "--benchmarks", "heldout", "--k", "1", "-q")
+    assert result.exit_code == 2 and "held-out split: give a run folder" in result.output
+
+
+# ---------------------------------------------------------------- meds train: the task, --dry-run
+
+
+def test_real_model_without_a_task_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", "--algo", "meds", "--model", "Qwen2.5-Math-1.5B")
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "-c configs/meds_paper.yaml" in lines[0] and "--task" in lines[0] and "toy task" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_task_was_chosen_reads_files_their_parents_sets_and_flags(tmp_path):
+    from meds_cli.commands.train import task_was_chosen
+
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("task: {name: math}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: parent.yaml\nrollout: {group_size: 4}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("rollout: {group_size: 4}\n")
+    assert task_was_chosen([child], [], {})
+    assert not task_was_chosen([plain], ["task.digits=2"], {"task.name": None})
+    assert task_was_chosen([plain], ["task.name=copy"], {})
+    assert task_was_chosen([], [], {"task.name": "math"})
+
+
+def test_train_dry_run_shows_the_plan_and_creates_nothing(tmp_path, monkeypatch):
+    import meds_cli.engine.trainer as trainer_module
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("a dry run must not build the trainer")
+
+    monkeypatch.setattr(trainer_module, "Trainer", no_trainer)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", "--dry-run", "--algo", "meds", "--model", "Qwen2.5-Math-1.5B", "--task", "math",
+                    "--set", "rollout.prompts_per_step=4", "--set", "rollout.group_size=8",
+                    "--set", "rollout.max_new_tokens=64", "--set", "dapo.max_gen_batches=3")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "algo:" in result.output and "name: meds" in result.output  # the resolved config as YAML
+    assert "run folder: would create runs/" in text
+    assert "about 1.5B parameters (from its name Qwen/Qwen2.5-Math-1.5B; not downloaded)" in text
+    assert "4 prompts x 8 responses = 32 responses a step, up to 64 new tokens each" in text
+    assert "up to 2,048 generated tokens a step (6,144 if all 3 sampling rounds" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_eta_from_the_pace_of_this_eval():
+    from meds_cli.commands.eval import eta_seconds
+
+    assert eta_seconds(100, 10, 10, 5.0) is None  # only reused samples so far: no pace yet
+    assert eta_seconds(100, 0, 0, None) is None
+    # 20 samples drawn in 40 s (10 reused): 70 left at 2 s each
+    assert eta_seconds(100, 30, 10, 40.0) == pytest.approx(140.0)

@@ -46,3 +46,23 @@ def test_mismatch_metrics_of_identical_samplers_are_zero_and_empty_masks_give_no
     m = mismatch_metrics(logp, logp.clone(), torch.ones(1, 2))
     assert m == {"mismatch/logp_abs_diff": 0.0, "mismatch/kl_k1": 0.0, "mismatch/kl_k3": 0.0}
     assert mismatch_metrics(logp, logp, torch.zeros(1, 2)) == {}
+
+
+def test_truncation_of_sampler_names_the_settings_that_truncate():
+    from meds_cli.engine.training.importance import truncation_of_sampler
+
+    assert truncation_of_sampler(1.0, 0) is None
+    assert truncation_of_sampler(0.7, 0) == "top_p=0.7 samples from the nucleus only"
+    assert truncation_of_sampler(1.0, 2) == "min_new_tokens=2 holds the stop tokens back"
+    assert truncation_of_sampler(0.9, 1).count(";") == 1
+
+
+@pytest.mark.parametrize("override, named", [("rollout.top_p=0.7", "top_p=0.7"),
+                                             ("rollout.min_new_tokens=2", "min_new_tokens=2")])
+def test_tis_under_truncated_sampling_is_refused_at_load(override, named):
+    from meds_cli.core.errors import UserError
+    from tests.conftest import tiny_config
+
+    with pytest.raises(UserError, match=f"rollout.is_correction=tis .* but rollout.{named}"):
+        tiny_config("rollout.is_correction=tis", override)
+    assert tiny_config("rollout.is_correction=none", override).rollout.is_correction == "none"

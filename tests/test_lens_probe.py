@@ -83,8 +83,9 @@ def check_features_from_the_sampler(spec):
     overrides = ("algo.name=meds", f"meds.layers={spec}", "meds.final_norm=true")
     through_pass = build_algorithm(tiny_config(*overrides))
     probed = build_algorithm(tiny_config(*overrides))
-    probe = probed.sampler_probe(num_layers=4)
-    assert probe is not None and not probed.wants_hidden_states
+    needs = probed.forward_needs(num_layers=4, records_lens=True)
+    probe = needs.lens
+    assert probe is not None and not needs.hidden_states
     batch = sampled_batch(model, tokenizer, probe)
     score_rollouts(model, batch, micro_batch_size=5, with_reference=False, wants_hidden_states=True,
                    observe=lambda view: through_pass.observe_forward(batch, view), tokenizer=tokenizer)
@@ -123,7 +124,7 @@ def test_features_are_the_recorded_values_at_the_answer_token():
     problems = [Problem(id="a", question="q", answer="7"), Problem(id="b", question="q", answer="7")]
     batch = rollouts_from_samples(tokenizer, [(0,), (0,)], samples, problems, 1, [])
     algo = build_algorithm(tiny_config("algo.name=meds", "meds.layers=last:2", "rollout.group_size=2"))
-    algo.sampler_probe(num_layers=4)
+    algo.forward_needs(num_layers=4, records_lens=True)
     algo.observe_probe(batch, tokenizer)
     assert batch.extras[ANCHOR_INDEX].tolist() == [9, 2]  # '7' (after 'ab\boxed{'), the last 'z'
     assert batch.extras[ANCHOR_KIND] == ["boxed", "last"]
@@ -166,3 +167,27 @@ def test_an_engine_without_lens_values_keeps_the_scoring_pass(tmp_path, monkeypa
     trainer._score = lambda batch, timing: (passes.append(batch.size), score(batch, timing))
     row = trainer.train_step()  # MEDS got its features from the pass
     assert passes and "meds/clusters_per_prompt" in row
+
+
+def test_under_bf16_autocast_the_trainer_records_what_the_scoring_pass_reads(tmp_path, fresh_accelerate_state):
+    """The trainer samples under the update's autocast, as the scoring pass runs: the lens values
+    recorded while decoding equal those of a forward under the same autocast (sampled outside it,
+    the values measured up to 2.2e-3 apart here). At step 1 the adapter is zero, so the
+    merged weights the decode loop uses are the plain ones and the two agree exactly.
+    Accelerate's prepare() puts the model's own forward under autocast; under FSDP2 the model is
+    not prepared (engine/training/update.py), so the test takes that wrapper off, as there."""
+    trainer = _planned(tmp_path, "algo.name=meds", "meds.layers=[1, 3, 4]", "train.mixed_precision=bf16")
+    assert trainer.acc.mixed_precision == "bf16" and trainer.lens_probe is not None
+    trainer.unwrapped.forward = trainer.unwrapped._original_forward  # the forward as FSDP2 leaves it
+    torch.manual_seed(0)
+    batch = trainer._sample([0, 1], {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0})
+    model = trainer.unwrapped
+    norm, head = output_head(model)
+    with torch.no_grad(), trainer.acc.autocast():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=position_ids_for(batch.attention_mask), output_hidden_states=True)
+        for i, n in enumerate(batch.response_lengths.tolist()):
+            columns = batch.prompt_width - 1 + torch.arange(n)
+            expected = lens_logits(out.hidden_states, [1, 3, 4], torch.full((n,), i), columns,
+                                   batch.response_ids[i, :n], head)
+            torch.testing.assert_close(batch.sampler_lens[i], expected, rtol=0, atol=1e-6)

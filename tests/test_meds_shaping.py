@@ -51,7 +51,7 @@ def test_registered_composes_and_defaults():
     assert "meds" in ALGORITHMS
     assert load_config().algo.name == "meds"  # the default algorithm
     algo = meds()
-    assert isinstance(algo.base, DAPO) and algo.wants_hidden_states
+    assert isinstance(algo.base, DAPO) and algo.forward_needs(4, records_lens=False).hidden_states
     assert algo.config_sections == ["meds", "dapo"]
     assert algo.loss_agg == "token-mean" and algo.generation_rounds() == 3  # DAPO's hooks pass through
     assert isinstance(meds("algo.base=grpo").base, GRPO)

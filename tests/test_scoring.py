@@ -97,12 +97,33 @@ def test_which_rows_are_scored(needed_by, reference, steps, setting, expected):
     assert scoring_pass(needed_by, uses_reference=reference, optimizer_steps_per_batch=steps, setting=setting) == expected
 
 
+def test_a_random_update_forward_keeps_the_pass():
+    assert scoring_pass(None, uses_reference=False, optimizer_steps_per_batch=1, deterministic_update=False) == "trained"
+    assert scoring_pass("rewards", uses_reference=False, optimizer_steps_per_batch=1,
+                        deterministic_update=False) == "sampled"
+
+
+def test_dropout_makes_the_update_forward_random():
+    from meds_cli.engine.config import LoraConfig
+    from meds_cli.engine.model_io.model import apply_lora
+    from meds_cli.engine.training.scoring import has_active_dropout
+
+    def lora(dropout):
+        return apply_lora(tiny_model_and_tokenizer()[0], LoraConfig(rank=2, dropout=dropout))
+
+    assert not has_active_dropout(lora(0.0))
+    assert has_active_dropout(lora(0.3))
+    model = lora(0.0)
+    model.config.attention_dropout = 0.1  # functional dropout inside attention: no module to find
+    assert has_active_dropout(model)
+
+
 @pytest.mark.filterwarnings("ignore:rlif-multireward")
 def test_algorithms_say_when_they_read_the_forward_pass():
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     def needed(*overrides):
-        return build_algorithm(tiny_config(*overrides)).forward_view_needed_by()
+        return build_algorithm(tiny_config(*overrides)).forward_needs(4, records_lens=False).view
 
     assert needed("algo.name=grpo") is None and needed("algo.name=dapo") is None
     assert needed("algo.name=meds", "algo.base=dapo") == "shaping"
@@ -117,7 +138,7 @@ def test_an_undeclared_observe_forward_is_scored_before_rewards():
         def observe_forward(self, rollouts, view):
             pass
 
-    assert Watches(GRPOConfig(), None).forward_view_needed_by() == "rewards"
+    assert Watches(GRPOConfig(), None).forward_needs(4, records_lens=False).view == "rewards"
 
 
 def learning(rows):
@@ -163,16 +184,6 @@ def test_dynamic_sampling_scores_only_the_groups_that_train(tmp_path, monkeypatc
     assert any(row["groups_sampled"] > row["groups_trained"] for row in rows)  # some groups were dropped unscored
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Accelerate keeps one state per process and refuses a second mixed-precision setting."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(True)
-    yield
-    AcceleratorState._reset_state(True)
-
-
 def test_scoring_runs_in_the_precision_of_the_update(tmp_path, fresh_accelerate_state):
     """Under bf16 autocast the scoring pass computes as the update does: an unchanged policy has
     ratio exactly 1 on its first optimizer step (fp32 scoring against a bf16 update would not)."""
@@ -181,3 +192,21 @@ def test_scoring_runs_in_the_precision_of_the_update(tmp_path, fresh_accelerate_
     assert trainer.acc.mixed_precision == "bf16" and trainer.scoring == "trained"
     row = trainer.train_step()
     assert row["ratio_mean"] == 1.0 and row["ppo_kl"] == 0.0
+
+
+def test_with_lora_dropout_old_logprobs_come_from_a_deterministic_pass(tmp_path):
+    """model.lora.dropout > 0: the update's train-mode forward carries dropout noise, so its own
+    log-probs are not pi_old's; the pass stays under auto (kl_k1 against the sampler, which ran the
+    same weights in eval mode, at rounding level) and the run equals the one with the pass forced."""
+    common = ("algo.name=grpo", "model.lora.dropout=0.3", "train.steps=2", "optim.lr=0.05",
+              "train.micro_batch_size=24", "train.checkpoint_every=2")
+    runs = {}
+    for setting in ("auto", "always"):
+        trainer = Trainer(tiny_config(*common, f"train.scoring_pass={setting}"), tmp_path / setting)
+        assert trainer.scoring == "trained"
+        runs[setting] = trainer.train()
+    assert all(abs(row["mismatch/kl_k1"]) < 1e-6 for row in runs["auto"])  # without the pass: about 1e-2
+    assert learning(runs["auto"]) == learning(runs["always"])
+    a = load_file(str(tmp_path / "auto" / "checkpoints/step_2/weights.safetensors"))
+    b = load_file(str(tmp_path / "always" / "checkpoints/step_2/weights.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -38,6 +38,35 @@ def numpy_values(prompts, completions, **kwargs):
     import numpy
     return numpy.ones(len(completions))
 
+def huge_int(prompts, completions, **kwargs):
+    return [10 ** 400] * len(completions)
+
+def nan_value(prompts, completions, **kwargs):
+    return [float("nan")] * len(completions)
+
+def clears(prompts, completions, answer, **kwargs):
+    completions.clear()
+    answer.clear()
+    return []
+
+def rewrites(prompts, completions, answer, **kwargs):
+    n = len(completions)
+    completions[:] = ["changed"] * n
+    answer[0] = "changed"
+    return [0.0] * n
+
+def never_returns(prompts, completions, **kwargs):
+    while True:
+        pass
+
+def swallows_everything(prompts, completions, **kwargs):
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:
+            pass
+
 THRESHOLD = 3
 '''
 
@@ -97,6 +126,9 @@ def test_an_error_inside_the_function_names_it_and_the_row(reward_file):
     ("wrong_length", "returned 1 values for 2 responses"),
     ("text_values", "returned 'good' for response 0; every value must be a finite number"),
     ("not_a_list", "returned a float; it must return a list of 2 floats"),
+    ("nan_value", "returned nan for response 0; every value must be a finite number"),
+    ("huge_int", r"returned 10{39}\.\.\. for response 0; every value must be a finite number"),
+    ("clears", "returned 0 values for 2 responses"),
 ])
 def test_wrong_return_values_are_one_line(reward_file, name, expected):
     (function,) = load_reward_functions(f"{reward_file}:{name}")
@@ -136,3 +168,23 @@ def test_user_channels_join_the_algorithms_and_may_not_replace_one():
     assert list(add_channels(base, {"style": torch.tensor([0.5])})) == ["correctness", "style"]
     with pytest.raises(UserError, match="reward function 'correctness' has the name of the algorithm's reward channel"):
         add_channels(base, {"correctness": torch.tensor([0.0])})
+
+
+def test_a_function_that_changes_its_inputs_changes_nothing_outside(reward_file):
+    """Each call gets its own copies: the trainer's lists and the next channel's inputs stay whole."""
+    functions = load_reward_functions([f"{reward_file}:rewrites", f"{reward_file}:length_bonus", f"{reward_file}:seen"])
+    completions, prompts = ["ab", "abcd"], ["q0", "q1"]
+    channels = user_reward_channels(functions, prompts, completions, _problems())
+    assert completions == ["ab", "abcd"] and prompts == ["q0", "q1"]
+    assert torch.allclose(channels["length_bonus"], torch.tensor([0.2, 0.4]))
+    call = functions[2].fn.calls[-1]
+    assert call["completions"] == ["ab", "abcd"] and call["answer"] == ["6", "2"]
+
+
+@pytest.mark.parametrize("name", ["never_returns", "swallows_everything"])
+def test_a_function_that_never_returns_is_stopped_by_its_time_limit(reward_file, name):
+    (function,) = load_reward_functions(f"{reward_file}:{name}", timeout_s=0.3)
+    with pytest.raises(UserError) as err:
+        user_reward_channels([function], ["a", "b"], ["x", "y"], _problems())
+    assert str(err.value) == (f"reward function '{reward_file}:{name}' did not return within 0.3 s on a batch of 2 "
+                              f"responses; make it faster or raise reward.function_timeout_s (0: no limit)")

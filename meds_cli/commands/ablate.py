@@ -34,6 +34,7 @@ from pathlib import Path
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.config import load_config, read_yaml
 from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.files import replace_text
 
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers", "train.seed": "seed"}
@@ -184,7 +185,7 @@ def claim_folder(plan: Plan) -> None:
                         "choose another --output")
     state["variants"].update(mine)
     state["base"] = {"config": plan.config_files, "set": plan.base_sets}
-    path.write_text(json.dumps(state, indent=2) + "\n")
+    replace_text(path, json.dumps(state, indent=2) + "\n")  # a full disk never leaves half of it
 
 
 def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> None:

@@ -1,7 +1,9 @@
 """The comparison of `meds ablate`: one row per variant (mean and std over seeds), as a rich table
 in the terminal and as summary.md, summary.csv and summary.json, plus reward_curves.png,
 pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, clusters and eigen ratio per
-step) in the ablation folder.
+step) in the ablation folder. Each variant is also compared with the baseline problem by problem
+(benchmarks/paired_compare.py): a verdict per benchmark in the terminal, summary.md and
+summary.json, per-problem differences in problem_deltas.csv, paired_differences.png.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the final reward, distinct wrong answers per group and the top-1 eigen ratio (each the mean over
@@ -19,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
+from benchmarks.paired_compare import markdown as paired_markdown
+from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
@@ -140,15 +145,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
 # ---------------------------------------------------------------- plots
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def curves_over_seeds(variants, results: dict[str, dict], key: str) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
     """Per variant group: (x values, mean over seeds, std over seeds; 0 with one seed) of the
     {x: y} curve results[variant][key]; an x missing from some seeds averages the others."""
@@ -221,31 +217,63 @@ def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
 # ---------------------------------------------------------------- the report
 
 
+def baseline_group(variants) -> str:
+    """The group every other is compared with: the baseline run of the base algorithm, else the first."""
+    groups = list(dict.fromkeys(v.group for v in variants))
+    return next((g for g in groups if g.startswith("baseline-")), groups[0])
+
+
+def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
+    """Each variant group against the baseline group, paired seed by seed (the seeds both ran) and
+    problem by problem: benchmarks/paired_compare.py's comparisons."""
+    base = baseline_group(variants)
+    by_group: dict[str, dict] = {}
+    for v in variants:
+        by_group.setdefault(v.group, {})[v.seed] = paths[v.name]
+    comparisons = []
+    for group, evals in by_group.items():
+        if group == base:
+            continue
+        seeds = [s for s in evals if s in by_group[base]]
+        comparisons.append(compare_arms(Arm(group, [evals[s] for s in seeds]),
+                                        Arm(base, [by_group[base][s] for s in seeds])))
+    return comparisons
+
+
+
 def write_report(folder: Path, variants, eval_options, console) -> dict:
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.engine.config import load_config
 
-    results = {}
+    results, paths = {}, {}
     for v in variants:
         run_dir = folder / v.name
         steps = load_config([str(run_dir / "config.yaml")]).train.steps
-        results[v.name] = variant_result(run_dir, results_path(run_dir, eval_options, steps))
+        paths[v.name] = results_path(run_dir, eval_options, steps)
+        results[v.name] = variant_result(run_dir, paths[v.name])
     rows = aggregate(variants, results)
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
+    comparisons = paired_against_baseline(variants, paths)
     (folder / "summary.md").write_text(f"# MEDS ablation: {folder.name}\n\n" + markdown_table(rows, k) +
                                        "\nmean ± std over seeds; reward, distinct wrong and eigen ratio: mean of the "
-                                       "last quarter of the steps; ARI: clusters vs final answers in the memory.\n")
+                                       "last quarter of the steps; ARI: clusters vs final answers in the memory.\n" +
+                                       (f"\n{paired_markdown(comparisons)}" if comparisons else ""))
     write_csv(rows, folder / "summary.csv")
-    summary = {"folder": str(folder), "k": k, "rows": rows,
+    summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons,
                "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
                "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides} for v in variants]}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if comparisons:
+        write_paired(comparisons, folder)
     plot_reward_curves(variants, results, folder / "reward_curves.png")
     plot_pass_at_k(variants, results, folder / "pass_at_k.png")
     plot_step_diagnostics(variants, results, folder / "diagnostics.png")
     from rich.console import Console
 
-    Console().print(rich_table(rows, k, f"MEDS ablation {folder}"))  # the result goes to stdout, progress to stderr
+    out = Console()  # the result goes to stdout, progress to stderr
+    out.print(rich_table(rows, k, f"MEDS ablation {folder}"))
+    for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
+        out.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
                   f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}")
     return summary

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
 from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.files import output_folder, replace_figure
 
 SAMPLES = 2  # sample responses shown per cluster
 TOP_ANSWERS = 3
@@ -123,15 +125,6 @@ def analyse_prompt(pid: str, kinds: dict, settings) -> dict:
 # ---------------------------------------------------------------- plots
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _colours(labels: np.ndarray):
     plt = _pyplot()
     cmap = plt.get_cmap("tab10")
@@ -164,8 +157,7 @@ def plot_projection(analysis: dict, path: Path) -> None:
     for handle in legend.legend_handles:  # the marker, not a cluster's colour, tells wrong from correct
         handle.set_color("black")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_heatmap(analysis: dict, layers: list[int], path: Path) -> None:
@@ -188,8 +180,7 @@ def plot_heatmap(analysis: dict, layers: list[int], path: Path) -> None:
     ax.set_xlabel("layer")
     ax.set_title(f"{analysis['prompt']}: layer-logit trajectories by cluster")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 STEP_KEYS = ("meds/eigen_ratio_top1", "meds/clusters_per_prompt")
@@ -211,7 +202,13 @@ def plot_steps(series: dict, path: Path) -> None:
         ax.set_title(title, fontsize=10)
     axes[-1].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    replace_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -236,14 +233,14 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
         prompt = max(analyses.values(), key=lambda a: (a["largest_wrong_cluster"], a["entries"]))["prompt"]
     chosen = analyses[prompt]
     out_dir = Path(output) if output else run_dir / "inspect"
-    out_dir.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prompt)
     plots = {"projection": out_dir / f"projection_{safe}.png", "heatmap": out_dir / f"heatmap_{safe}.png",
              "steps": out_dir / "steps.png"}
-    plot_projection(chosen, plots["projection"])
-    plot_heatmap(chosen, layers, plots["heatmap"])
     series = step_series(run_dir)
-    plot_steps(series, plots["steps"])
+    with output_folder(out_dir):
+        plot_projection(chosen, plots["projection"])
+        plot_heatmap(chosen, layers, plots["heatmap"])
+        plot_steps(series, plots["steps"])
     aris = [a["ari_answers"] for a in analyses.values() if a["ari_answers"] is not None]
     public = lambda a: {k: v for k, v in a.items() if not k.startswith("_") and k != "clusters_detail"}  # noqa: E731
     return {

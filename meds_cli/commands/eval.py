@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from benchmarks.generation import GenerationSettings
 from meds_cli.engine.rollout.eval_backends import ModelSpec, make_backend, resolve_backend
@@ -19,6 +20,12 @@ from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
 from meds_cli.core.errors import UserError
+
+# What a run is evaluated on by default, by its task (any other task: its held-out split).
+RUN_BENCHMARKS = {"math": "math500"}
+MODEL_DEFAULT_BENCHMARK = "math500"
+MODEL_MAX_NEW_TOKENS = 4096  # the harness's default: what real models' reasoning needs
+HELDOUT = "heldout"  # --benchmarks heldout: the run's task's held-out split
 
 
 def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda text: None) -> ModelSpec:
@@ -38,6 +45,27 @@ def default_output(run_dir: Path | None, spec: ModelSpec) -> Path:
     return Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
 
 
+def eta_seconds(total: int, completed: int, reused: int, elapsed: float | None) -> float | None:
+    """Seconds left at the pace of this eval so far (samples drawn since it started; the reused
+    ones cost nothing); None before the first batch is done."""
+    drawn = completed - reused
+    if drawn <= 0 or not elapsed:
+        return None
+    return (total - completed) * elapsed / drawn
+
+
+class EtaColumn(ProgressColumn):
+    """The time left from the whole eval's pace: rich's own column keeps 30 s of history, so it
+    shows nothing while one batch (of 128 samples, say) takes longer than that."""
+
+    def render(self, task) -> Text:
+        left = eta_seconds(task.total or 0, task.completed, task.fields.get("reused", 0), task.elapsed)
+        if left is None:
+            return Text("eta after the first batch", style="progress.remaining")
+        minutes, seconds = divmod(int(left), 60)
+        return Text(f"eta {minutes // 60}:{minutes % 60:02d}:{seconds:02d}", style="progress.remaining")
+
+
 class _Bar:
     """The harness's ProgressSink as a rich bar over samples (ETA from the samples drawn here)."""
 
@@ -46,7 +74,7 @@ class _Bar:
         self.task = None
 
     def start(self, total: int, done: int) -> None:
-        self.task = self.progress.add_task("eval", total=total, completed=done, label="")
+        self.task = self.progress.add_task("eval", total=total, completed=done, label="", reused=done)
 
     def advance(self, samples: int, label: str) -> None:
         self.progress.update(self.task, advance=samples, label=label)
@@ -63,14 +91,84 @@ def results_document(spec: ModelSpec, settings: EvalSettings, outcome, backend: 
     }
 
 
-def settings_from_options(benchmarks: str, *, data_dir: Path | None, **options) -> EvalSettings:
-    """EvalSettings from the command line's options (benchmarks as a comma-separated list)."""
-    names = [name.strip() for name in benchmarks.split(",") if name.strip()]
+def settings_from_options(benchmarks: str | None, *, data_dir: Path | None, **options) -> EvalSettings:
+    """EvalSettings from the command line's options (benchmarks as a comma-separated list).
+    Benchmarks and max_new_tokens left out (None) stay None until run_eval knows what is
+    evaluated (run_defaults); everything else is checked here."""
+    names = None if benchmarks is None else [name.strip() for name in benchmarks.split(",") if name.strip()]
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir '{data_dir}' is not a folder; it must hold <benchmark>/test.jsonl files")
     settings = EvalSettings(names, data_dir=str(data_dir) if data_dir else None, **options)
-    settings.validate()
+    length = MODEL_MAX_NEW_TOKENS if settings.max_new_tokens is None else settings.max_new_tokens
+    replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names, max_new_tokens=length).validate()
     return settings
+
+
+def run_defaults(task_name: str | None, run_max_new_tokens: int | None, benchmarks: list[str] | None,
+                 max_new_tokens: int | None) -> tuple[list[str], int, str]:
+    """(benchmarks, max_new_tokens, why) where the command line left them out. A run is evaluated
+    on what it was trained for: a math run on math500, any other task (a toy task, code) on its
+    own held-out split at its own response length; a model on math500 at 4,096 tokens."""
+    if benchmarks is None and task_name is not None:
+        benchmarks = [RUN_BENCHMARKS.get(task_name, HELDOUT)]
+        why = f"what the run was trained for (task '{task_name}')"
+    else:
+        why = "--benchmarks" if benchmarks is not None else "the default for a model"
+        benchmarks = benchmarks if benchmarks is not None else [MODEL_DEFAULT_BENCHMARK]
+    if max_new_tokens is None:
+        own_length = benchmarks == [HELDOUT] and run_max_new_tokens is not None
+        max_new_tokens = run_max_new_tokens if own_length else MODEL_MAX_NEW_TOKENS
+        why += ", the run's rollout.max_new_tokens" if own_length else ""
+    return benchmarks, max_new_tokens, why
+
+
+def heldout_suite(cfg, limit: int | None):
+    """(benchmark, problems) of the run's held-out split: its task's problems, prompted as in
+    training (task.prompt) and graded by the task's grader, for the eval harness."""
+    from benchmarks.registry import Benchmark
+    from benchmarks.tasks import CodeTask, build_task
+
+    task = build_task(cfg.task, cfg.train.seed)  # the run's seed: the split it held out
+    problems = task.held_out[:limit] if limit else list(task.held_out)
+    if not problems:
+        raise UserError(f"task '{cfg.task.name}' has no held-out problems; evaluate on --benchmarks instead")
+    kind = "code" if isinstance(task, CodeTask) else "math"
+    bench = Benchmark(f"{HELDOUT}-{cfg.task.name}", "the training task's held-out split", kind,
+                      lambda data_dir, limit: problems, task.grade, prompt=task.prompt)
+    return bench, problems
+
+
+def load_suites(names: list[str], data_dir: str | None, limit: int | None, run_cfg):
+    """The benchmarks to run: registered ones by name, and `heldout`, the run's held-out split."""
+    rest = [name for name in names if name != HELDOUT]
+    suites = []
+    if HELDOUT in names:
+        if run_cfg is None:
+            raise UserError(f"--benchmarks {HELDOUT} is a run's held-out split: give a run folder, not --model")
+        suites.append(heldout_suite(run_cfg, limit))
+    return suites + (load_benchmarks(rest, Path(data_dir) if data_dir else None, limit) if rest else [])
+
+
+def work_line(suites, settings: EvalSettings) -> str:
+    """What the eval will generate, at most: problems x samples x tokens."""
+    problems = sum(len(problems) for _, problems in suites)
+    tokens = problems * settings.samples * settings.max_new_tokens
+    return (f"work: {problems} problems x {settings.samples} samples x up to {settings.max_new_tokens} tokens = up to "
+            f"{tokens:,} tokens to generate (samples already in the output folder are reused)")
+
+
+def truncation_warning(document: dict, share: float = 0.5) -> str | None:
+    """A line when most responses of a benchmark hit the length limit: their answers are cut off,
+    and the eval spent its time on rambling."""
+    limit = document["config"].get("max_new_tokens")
+    hit = {name: scores for name, scores in document["benchmarks"].items() if scores.get("truncated_share", 0) > share}
+    if not hit:
+        return None
+    where = ", ".join(f"{name} {scores.get('truncated', '?')} of {scores.get('responses', '?')}"
+                      for name, scores in hit.items())
+    return (f"most responses hit the {limit}-token limit (truncated: {where}): they are cut off before an answer; "
+            "--max-new-tokens sets the limit (higher to let them finish, lower to spend less time on a rambling "
+            "model)")
 
 
 def choose_prompt(requested: str, run_style: str | None, has_chat_template: bool) -> tuple[str, str]:
@@ -114,7 +212,6 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         console.print(f"no run folder or --model given: evaluating the newest run, [bold]{run_dir}[/]")
     if step is not None and run_dir is None:
         raise UserError("--step picks a checkpoint of a run; it needs a run folder, not --model")
-    settings.validate()
     check_dtype(dtype, "--dtype")
     backend_name = resolve_backend(settings.backend)
     settings.backend = backend_name
@@ -125,14 +222,24 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     spec = model_for_run(run_dir, step, dtype, note) if run_dir is not None else ModelSpec(model, None, dtype)
     precheck_model(spec.name)  # a bad --model fails here, before an output folder is made
     settings.model = spec.label
-    task = load_config([str(Path(run_dir) / "config.yaml")]).task if run_dir is not None else None
+    run_cfg = load_config([str(Path(run_dir) / "config.yaml")]) if run_dir is not None else None
+    task = run_cfg.task if run_cfg is not None else None
+    asked = settings.benchmarks
+    settings.benchmarks, settings.max_new_tokens, chosen_because = run_defaults(
+        task.name if task else None, run_cfg.rollout.max_new_tokens if run_cfg else None, settings.benchmarks,
+        settings.max_new_tokens)
+    settings.validate()
+    if asked is None:
+        console.print(f"benchmarks: {', '.join(settings.benchmarks)} at up to {settings.max_new_tokens} tokens "
+                      f"({chosen_because}; --benchmarks and --max-new-tokens choose others)")
     settings.prompt, why = choose_prompt(settings.prompt, task.prompt_style if task else None,
                                          task is None and settings.prompt == "auto" and has_chat_template(model))
     if task is not None:  # the run's own prompt: its system prompt and template arguments too
         settings.system_prompt, settings.chat_template_kwargs = task.system_prompt, dict(task.chat_template_kwargs)
     # Fail on a wrong benchmark name or data dir before spending time on the model.
     t0 = time.perf_counter()
-    suites = load_benchmarks(settings.benchmarks, Path(settings.data_dir) if settings.data_dir else None, settings.limit)
+    suites = load_suites(settings.benchmarks, settings.data_dir, settings.limit, run_cfg)
+    settings.benchmarks = [benchmark.name for benchmark, _ in suites]  # heldout -> heldout-<task>
     load_s = time.perf_counter() - t0
     folder = Path(output) if output else default_output(run_dir, spec)
     generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size)
@@ -141,8 +248,9 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         backend = make_backend(backend_name, spec, generation)
     console.print(f"eval of [bold]{spec.label}[/] on {', '.join(settings.benchmarks)}: n={settings.samples} "
                   f"k<={settings.k}  prompt: {settings.prompt} ({why})  output: [bold]{folder}[/]")
+    console.print(work_line(suites, settings))
     progress = Progress(TextColumn("[bold]eval"), TextColumn("{task.fields[label]}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), EtaColumn(),
                         console=console, disable=quiet)
     try:
         with progress:
@@ -154,13 +262,13 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     outcome.timing["load_s"] += load_s
     outcome.timing["total_s"] += load_s
     document = results_document(spec, settings, outcome, backend_name)
-    warning = prompt_warning(document)
-    if warning:
-        document["warnings"] = [warning]
+    warnings = [line for line in (prompt_warning(document), truncation_warning(document)) if line]
+    if warnings:
+        document["warnings"] = warnings
     write_results(folder, document)
     plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
     Console().print(score_table(document))
-    if warning:
+    for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  plot: {folder / PLOT_FILE}")
     return document

@@ -9,6 +9,17 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from meds_cli.core.errors import UserError
+
+
+def check_not_around_cwd(output: Path) -> None:
+    """Refuse the folder the user is in (`.`) or one above it: an export replaces its output
+    folder as a whole, which would pull the current folder away from under the shell."""
+    here = Path.cwd().resolve()
+    if here == Path(output).resolve() or Path(output).resolve() in here.parents:
+        raise UserError(f"--output '{output}' is the folder you are in (or holds it); give the name of a new folder, "
+                        f"e.g. --output ./exported (nothing was written)")
+
 
 def export_command(
     run: Annotated[Path, typer.Argument(help="A run folder (its last checkpoint, or --step).")],
@@ -21,6 +32,7 @@ def export_command(
     from meds_cli.engine.export import check_hub_reachable, check_output, check_repo_id, export_run, push_to_hub as push
 
     console = Console(stderr=True, soft_wrap=True)
+    check_not_around_cwd(output)
     check_output(output)
     if push_to_hub:
         check_repo_id(push_to_hub)

@@ -9,12 +9,16 @@ from meds_cli.engine.model_io.model import EMBEDDED, TINY, model_aliases
 def print_registries() -> None:
     import algorithms  # noqa: F401  (registers the algorithms)
     from algorithms import ALGORITHMS
+    from algorithms.advantages import ADV_ESTIMATORS
+    from algorithms.policy_loss import POLICY_LOSSES
     from benchmarks import load_all
     from benchmarks.registry import BENCHMARKS, TASKS
 
     load_all()
     console = Console()
-    for title, registry in [("algorithms", ALGORITHMS), ("tasks", TASKS), ("benchmarks", BENCHMARKS)]:
+    registries = [("algorithms", ALGORITHMS), ("advantage estimators", ADV_ESTIMATORS),
+                  ("policy losses", POLICY_LOSSES), ("tasks", TASKS), ("benchmarks", BENCHMARKS)]
+    for title, registry in registries:
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
         for entry in registry.entries():
             table.add_row(f"[bold]{entry.name}[/]", entry.description)

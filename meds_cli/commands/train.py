@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from meds_cli.core.errors import UserError, is_storage_error, os_error
+from meds_cli.core.errors import UserError, storage_error
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
-from meds_cli.engine.config import RunConfig, dump_yaml, load_config
-from meds_cli.engine.model_io.model import check_lora_rank, precheck_model
+from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
+from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
 from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
 from meds_cli.engine.run_folders.run_lock import RunLock
 from meds_cli.core.cpu_budget import configure_torch_threads
@@ -64,10 +64,106 @@ def prepare_run(config_files, overrides, shortcuts, resume: Path | None, step: i
     return RunPlan(cfg, target, False)
 
 
+def task_was_chosen(config_files, overrides, shortcuts) -> bool:
+    """Whether a config file (or one it extends), a --set or --task names the task: otherwise
+    task.name is the default, the embedded demo's toy task."""
+    if (shortcuts or {}).get("task.name"):
+        return True
+    layers = [read_yaml(f) for f in config_files] + [parse_override(text) for text in overrides]
+    return any(isinstance(layer.get("task"), dict) and "name" in layer["task"] for layer in layers)
+
+
+def refuse_real_model_on_default_task(cfg: RunConfig, chosen: bool) -> None:
+    """A real model with no task chosen would train on the demo's toy task at the demo's settings,
+    which is never what `--model Qwen2.5-Math-1.5B` means: ask for the data instead of guessing
+    (the math task has no default dataset to fall back on, and the paper's settings are a config)."""
+    if chosen or cfg.model.name in (EMBEDDED, TINY):
+        return
+    raise UserError(f"--model {cfg.model.name} with no task chosen would train on the embedded demo's toy task "
+                    f"('{cfg.task.name}', synthetic arithmetic); choose the data: -c configs/meds_paper.yaml (the "
+                    "paper's math setting) or --task (math with --set task.path=..., or arithmetic, copy; "
+                    "see `meds list`)")
+
+
+def task_description(cfg: RunConfig) -> str:
+    """The task's one-line description, with the data it reads where it reads a file or dataset."""
+    from benchmarks import load_all
+    from benchmarks.registry import TASKS
+
+    load_all()
+    entry = next(e for e in TASKS.entries() if e.name == cfg.task.name)
+    return entry.description + (f"; data: {cfg.task.path}" if cfg.task.path else "")
+
+
+def model_size(name: str) -> str:
+    """What can be said of a model's size without loading it: its files on disk, or the size in
+    its name (Qwen2.5-Math-1.5B) for a hub id, which a dry run does not download."""
+    import re
+
+    from meds_cli.engine.model_io.model import embedded_gguf, resolve_model
+
+    if name == TINY:
+        return "the tiny test model (a few thousand parameters)"
+    path = Path(name).expanduser()
+    if name == EMBEDDED:
+        path = embedded_gguf()
+    if path.is_file() or path.is_dir():
+        weights = (".safetensors", ".bin", ".gguf")
+        files = [path] if path.is_file() else [f for f in path.iterdir() if f.suffix in weights]
+        return f"{sum(f.stat().st_size for f in files) / 1e9:.2f} GB of weights in {path}"
+    hub_id = resolve_model(name)
+    stated = re.search(r"(\d+(?:\.\d+)?)\s*([BM])(?![A-Za-z])", hub_id)
+    if stated:
+        return f"about {stated.group(1)}{stated.group(2)} parameters (from its name {hub_id}; not downloaded)"
+    return f"unknown until {hub_id} is downloaded"
+
+
+def sampling_lines(cfg: RunConfig, rounds: int) -> list[str]:
+    """The sampling shape and the tokens a step generates at most."""
+    rollout = cfg.rollout
+    responses = rollout.prompts_per_step * rollout.group_size
+    tokens = responses * rollout.max_new_tokens
+    lines = [f"sampling: {rollout.prompts_per_step} prompts x {rollout.group_size} responses = {responses} responses "
+             f"a step, up to {rollout.max_new_tokens} new tokens each"]
+    most = f"up to {tokens:,} generated tokens a step"
+    if rounds > 1:
+        most += f" ({tokens * rounds:,} if all {rounds} sampling rounds of dynamic sampling run)"
+    return lines + [f"tokens: {most}, plus the prompts; the update reads them all again"]
+
+
+def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, console: Console) -> dict:
+    """What `meds train` would do, with nothing loaded but the config and nothing created: the
+    resolved config (stdout), the run folder, the model's size, the sampling shape, tokens a step."""
+    import yaml
+
+    from meds_cli.engine.config import to_dict
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
+
+    plan = prepare_run(config_files, overrides, shortcuts, resume, step)
+    cfg = plan.cfg
+    check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
+    if not plan.resuming:
+        refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    algorithm = build_algorithm(cfg)  # checks the algorithm's settings; builds no model
+    Console(soft_wrap=True).print(yaml.safe_dump(to_dict(cfg, algorithm.config_sections), sort_keys=False),
+                                  markup=False, highlight=False)
+    where = f"continues {plan.run_dir}" if plan.resuming else f"would create {plan.run_dir}"
+    lines = [f"run folder: {where}",
+             f"model: {cfg.model.name}, {model_size(cfg.model.name)}",
+             f"algorithm: {cfg.algo.name}; task: {cfg.task.name} ({task_description(cfg)}); steps: {cfg.train.steps}",
+             *sampling_lines(cfg, algorithm.generation_rounds()),
+             "dry run: nothing was loaded or created; drop --dry-run to train"]
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
+    return {"run_dir": str(plan.run_dir), "lines": lines}
+
+
 def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, argv=(), quiet=False) -> int:
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
+    if not plan.resuming:
+        refuse_real_model_on_default_task(plan.cfg, task_was_chosen(config_files, overrides, shortcuts))
     from meds_cli.engine.training.sharding import close_process_group, make_accelerator
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
 
@@ -87,9 +183,9 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         code = _train(plan, step, accelerator, console, argv, quiet)
         close_process_group(accelerator)
         return code
-    except OSError as error:
-        if is_storage_error(error):
-            raise os_error(error, f"write to the run folder '{run_dir}'") from None
+    except Exception as error:
+        if (failed := storage_error(error)) is not None:  # a full disk or a read-only folder mid-run
+            raise runs.interrupted_run_error(failed, run_dir) from None
         raise
     finally:
         lock.release()
@@ -104,7 +200,10 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     checkpoint = None
     if plan.resuming:
         checkpoint = find_usable_checkpoint(run_dir, step, say=lambda text: console.print(f"[yellow]note:[/] {text}"))
-    with console.status(f"loading {cfg.model.name} ..."):
+    # What was chosen shows while the model loads (a status line, so that an error in loading stays one line);
+    # the run folder line after loading repeats it.
+    with console.status(f"loading {cfg.model.name} to train with {cfg.algo.name} on task '{cfg.task.name}' "
+                        f"({task_description(cfg)}) ..."):
         trainer = Trainer(cfg, run_dir, accelerator=accelerator)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)

@@ -1,6 +1,7 @@
-"""What an algorithm may see of the model's forward passes: the no-grad scoring pass
-(ForwardView), the values a rollout engine records while sampling (LensProbe), and the model
-parts applied to hidden states (the output head, for the logit lens)."""
+"""What an algorithm may see of the model's forward passes: its declaration of what it reads
+(ForwardNeeds), the no-grad scoring pass (ForwardView), the values a rollout engine records while
+sampling (LensProbe), and the model parts applied to hidden states (the output head, for the
+logit lens)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,37 @@ class LensProbe:
 
     layers: tuple[int, ...]
     final_norm: bool = False
+
+
+VIEW_STAGES = (None, "shaping", "rewards")  # later to earlier: the earliest read wins when needs merge
+
+
+@dataclass(frozen=True)
+class ForwardNeeds:
+    """What an algorithm reads from forwards other than the update's, declared once per run
+    (Algorithm.forward_needs); the trainer plans the scoring pass from it.
+
+    view:          when observe_forward's view is first read: "rewards" (by reward_components or
+                   keep_groups: the pass covers every sampled group), "shaping" (by shape_rewards
+                   or later: the groups that train) or None (never).
+    hidden_states: the view must carry every layer's hidden states.
+    lens:          logit-lens values for the rollout engine to record while it samples, handed
+                   to observe_probe (only asked of an engine that records them)."""
+
+    view: str | None = None
+    hidden_states: bool = False
+    lens: LensProbe | None = None
+
+    def __post_init__(self):
+        if self.view not in VIEW_STAGES:
+            raise ValueError(f"ForwardNeeds.view '{self.view}'; accepted: rewards, shaping, None")
+
+    def merged(self, other: ForwardNeeds) -> ForwardNeeds:
+        """Both sets of needs: the earlier view, hidden states if either wants them, the one probe."""
+        if self.lens is not None and other.lens is not None and self.lens != other.lens:
+            raise ValueError("two different logit-lens probes for one rollout engine")
+        view = max(self.view, other.view, key=VIEW_STAGES.index)
+        return ForwardNeeds(view, self.hidden_states or other.hidden_states, self.lens or other.lens)
 
 
 @dataclass

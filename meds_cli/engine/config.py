@@ -24,8 +24,9 @@ from algorithms import ALGORITHMS
 from benchmarks.dataset_source import check_columns
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.files import replace_text
+from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.precision import MIXED_PRECISION
 from meds_cli.engine.training.scoring import SCORING_SETTINGS
 from meds_cli.engine.training.sharding import SHARDINGS
@@ -94,6 +95,8 @@ class RewardConfig:
     wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)", FINITE)
     functions: str | list[str] = doc([], "your own reward functions, path/to/file.py:name or a list of them; each is a reward channel")
     function_weights: list[float] = doc([], "the weight of each reward function (default: 1 each)")
+    function_timeout_s: float = doc(1800.0, "seconds one call of a reward function may take before the run stops with "
+                                             "a line naming it (0: no limit)", FINITE_NON_NEGATIVE)
 
     def validate(self, prefix: str) -> None:
         require(self.correct > self.wrong, f"{prefix}correct ({self.correct}) must be greater than {prefix}wrong "
@@ -136,6 +139,10 @@ class RolloutConfig:
     def validate(self, prefix: str) -> None:
         require(self.min_new_tokens <= self.max_new_tokens,
                 f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
+        truncation = truncation_of_sampler(self.top_p, self.min_new_tokens)
+        require(self.is_correction == "none" or truncation is None,
+                f"{prefix}is_correction={self.is_correction} compares the sampler's log-probs with the full softmax, "
+                f"but {prefix}{truncation}; use is_correction=none, or top_p=1 and min_new_tokens=0")
 
 
 @dataclass
@@ -348,7 +355,7 @@ def read_yaml(path: str | Path, _seen: frozenset = frozenset()) -> dict:
     if not path.is_file():
         raise UserError(f"config file '{path}' does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_user_text(path, "a YAML file"))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -31,13 +31,14 @@ from meds_cli.engine.training.metrics import rollout_metrics, trained_metrics
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.training.importance import mismatch_metrics
+from meds_cli.engine.training.importance import mismatch_metrics, truncation_of_sampler
 from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
-from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
-from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator
+from meds_cli.engine.training.scoring import (has_active_dropout, score_rollouts, scoring_pass, scoring_temperature,
+                                              shares_prompts)
+from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, global_sum, make_accelerator
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
-from meds_cli.engine.training.update import prepare_policy, update_policy
+from meds_cli.engine.training.update import UpdateSettings, prepare_policy, update_policy
 from meds_cli.engine.training.user_rewards import add_channels, load_reward_functions, user_reward_channels
 
 TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s", "tokens_per_s", "time_eval_s")
@@ -65,7 +66,8 @@ class Trainer:
         self._validate()
         self.task = build_task(cfg.task, cfg.train.seed)
         self.algorithm = build_algorithm(cfg, self.task)
-        self.reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights)
+        self.reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights,
+                                                      cfg.reward.function_timeout_s)
         self._seed(cfg.train.seed)
         model, self.tokenizer = model_and_tokenizer or load_model_and_tokenizer(cfg.model.name, cfg.model.dtype)
         skipped, total = self.task.drop_long_prompts(self.tokenizer, cfg.task.max_prompt_tokens)
@@ -74,27 +76,35 @@ class Trainer:
         self.sampler = PromptSampler(len(self.task.train), cfg.train.seed)
         self.tracker = RunTracker(self.acc)
         model = apply_lora(model, cfg.model.lora)
-        policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
-        self.model, self.optimizer, self.sharded = policy.model, policy.optimizer, policy.sharded
+        self.policy = prepare_policy(self.acc, model, cfg.train, cfg.optim, self._say)
         self.share_prompts = shares_prompts(cfg.train, self.sharded)  # forwards run each prompt once
+        self.update_settings = UpdateSettings.from_config(cfg, self.world, self.share_prompts)
         # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
         # the schedule depend on the number of processes.
         optim = cfg.optim
         total = cfg.train.steps * optimizer_steps_per_batch(cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
+        self.policy.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim.warmup_steps, total, optim.schedule))
         if self.acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
         self.engine = make_engine(cfg, self.unwrapped, self.tokenizer, scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
                                   processes=self.world, rank=self.rank)
-        # Values the engine records while sampling, in place of the algorithm's reading of the
-        # scoring pass (MEDS's logit lens with the hf engine): asked before the pass is planned.
+        # What the algorithm reads besides the update's forward, asked once: the scoring pass is
+        # planned from it, and lens values the engine records while sampling (MEDS's logit lens
+        # with the hf engine) stand in for the pass where the algorithm asks for them.
         algo = self.algorithm
-        self.lens_probe = (algo.sampler_probe(len(decoder_layers(self.unwrapped)))
-                           if getattr(self.engine, "records_lens", False) else None)
-        self.scoring = scoring_pass(algo.forward_view_needed_by(), uses_reference=algo.uses_reference,
-                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass)
+        records_lens = getattr(self.engine, "records_lens", False)
+        self.forward_needs = algo.forward_needs(len(decoder_layers(self.unwrapped)), records_lens)
+        if self.forward_needs.lens is not None and not records_lens:
+            raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")
+        self.lens_probe = self.forward_needs.lens
+        self.scoring = scoring_pass(self.forward_needs.view, uses_reference=algo.uses_reference,
+                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg), setting=cfg.train.scoring_pass,
+                                    deterministic_update=not has_active_dropout(self.unwrapped))
+        # The mismatch metrics compare like with like only then (engine/training/importance.py).
+        self.sampler_is_full_softmax = truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -108,7 +118,9 @@ class Trainer:
         if cfg.train.mini_batch_size and cfg.train.mini_batch_size % self.world:
             raise UserError(f"train.mini_batch_size={cfg.train.mini_batch_size} must divide evenly over {self.world} processes")
 
-    def _seed(self, value: int):
+    @staticmethod
+    def _seed(value: int):
+        """Python's, numpy's and torch's generators, all from one value."""
         random.seed(value)
         np.random.seed(value % 2**32)
         torch.manual_seed(value)
@@ -121,6 +133,12 @@ class Trainer:
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
 
+    # The policy's parts, as the loop, checkpoints and tests read them (engine/training/update.py).
+    model = property(lambda self: self.policy.model)
+    optimizer = property(lambda self: self.policy.optimizer)
+    sharded = property(lambda self: self.policy.sharded)
+    scheduler = property(lambda self: self.policy.scheduler)
+
     # ------------------------------------------------------------ collecting a batch
 
     def _sample(self, indices: list[int], timing: dict) -> Rollouts:
@@ -129,7 +147,10 @@ class Trainer:
         prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         model.eval()
-        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
+        # Under the update's autocast, as the scoring pass: the lens values the decode loop records
+        # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
+        # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
+        with gathered_parameters(self.sharded), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
@@ -153,7 +174,8 @@ class Trainer:
         with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
             score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
                            temperature=scoring_temperature(cfg.rollout.temperature),
-                           chunk_tokens=cfg.train.logprob_chunk_tokens, wants_hidden_states=algo.wants_hidden_states,
+                           chunk_tokens=cfg.train.logprob_chunk_tokens,
+                           wants_hidden_states=self.forward_needs.hidden_states,
                            observe=lambda view: algo.observe_forward(batch, view),
                            disable_adapter=reference_context(model) if algo.uses_reference else None,
                            tokenizer=self.tokenizer, share_prompts=self.share_prompts)
@@ -213,21 +235,14 @@ class Trainer:
 
     # ------------------------------------------------------------ the update
 
-    def _global_sum(self, value: float) -> float:
-        t = torch.tensor([float(value)], device=self.acc.device)
-        return float(self.acc.reduce(t, reduction="sum").item()) if self.world > 1 else float(value)
-
     def update(self, batch: Rollouts) -> dict:
-        return update_policy(self, batch)  # engine/update.py
+        return update_policy(self.policy, self.algorithm, batch, self.update_settings, self.acc, self.engine)
 
     # ------------------------------------------------------------ one step, the loop
 
     def train_step(self) -> dict:
         step = self.step + 1
-        seed = self._step_seed(step)
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
+        self._seed(self._step_seed(step))
         timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
         t_start = time.perf_counter()
         batch, sampled, info = self.collect(timing)
@@ -236,7 +251,7 @@ class Trainer:
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did
-            if batch.sampler_logp is not None:
+            if batch.sampler_logp is not None and self.sampler_is_full_softmax:
                 row.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, self.cfg.rollout.tis_cap))
             row.update(trained_metrics(batch))
             self.algorithm.on_step_end(batch, step)
@@ -285,10 +300,10 @@ class Trainer:
                 batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
-        total = self._global_sum(len(problems))
+        total = global_sum(self.acc, len(problems))
         if total == 0:
             return {}
-        return {"eval/accuracy": self._global_sum(correct) / total, "eval/problems": int(total),
+        return {"eval/accuracy": global_sum(self.acc, correct) / total, "eval/problems": int(total),
                 "time_eval_s": time.perf_counter() - t0}
 
     def train(self, on_step=None) -> list[dict]:
@@ -330,9 +345,18 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints (meds_cli/engine/run_folders/checkpoints.py)
 
+    def _training_state(self) -> checkpoints.TrainingState:
+        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position)
+
     def save_checkpoint(self) -> Path:
-        return checkpoints.save_checkpoint(self)
+        cfg = self.cfg
+        run = checkpoints.RunIdentity(self.acc, self.run_dir, cfg.train.keep_checkpoints, cfg.model.name, cfg.algo.name)
+        return checkpoints.save_checkpoint(run, self._training_state())
 
     def load_checkpoint(self, path: Path) -> None:
-        checkpoints.load_checkpoint(self, path)
+        state = self._training_state()
+        checkpoints.load_checkpoint(self.acc, state, path, self.cfg.optim)
+        self.step, self.sampler.position = state.step, state.sampler_position
+        if self.acc.is_main_process:
+            self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights

@@ -21,13 +21,13 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from meds_cli.core.errors import UserError, os_error
+from meds_cli.core.errors import FULL_DISK_ERRNOS, UserError, os_error
 from meds_cli.core.jsonl import append_rows, read_rows, rewrite_rows
 from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_path, checkpoint_problem, require_checkpoint
 from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock
 
 METRICS_FILE = "metrics.jsonl"
-PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds"]
+PACKAGES = ["torch", "transformers", "accelerate", "peft", "hdbscan", "datasets", "math-verify", "meds-rl"]
 
 
 def new_run_dir(root: str, algo: str, tag: str) -> Path:
@@ -124,6 +124,23 @@ def metrics_rows(run_dir: Path) -> list[dict]:
 def list_checkpoints(run_dir: Path) -> list[int]:
     """Steps of the run's complete checkpoints (names and sizes checked), oldest first."""
     return [s for s in all_steps(run_dir) if checkpoint_problem(checkpoint_path(run_dir, s), deep=False) is None]
+
+
+def interrupted_run_error(error: OSError, run_dir: Path, what: str | None = None) -> UserError:
+    """One line for a run stopped by its storage (a full disk, a folder turned read-only): what
+    could not be written, why, the checkpoint the run can resume from, and the command that does.
+    `what`: 'checkpoint N', or None for the file the error names."""
+    what = what or (f"'{error.filename}'" if error.filename else f"to the run folder '{run_dir}'")
+    reason = error.strerror or str(error)
+    if error.errno in FULL_DISK_ERRNOS:
+        head, fix = f"disk full while writing {what} ({reason})", "free some space"
+    else:
+        where = f": {error.filename}" if error.filename and error.filename not in what else ""
+        head, fix = f"could not write {what} ({reason}{where})", "fix that"
+    steps = list_checkpoints(run_dir)
+    resume = (f"the run can resume from checkpoint {steps[-1]}" if steps else
+              "the run has no checkpoint yet, so a resume starts it over from step 0")
+    return UserError(f"{head}; {resume}: {fix}, then run meds train --resume {run_dir}")
 
 
 def find_checkpoint(run_dir: Path, step: int | None = None, say=lambda text: None) -> Path:

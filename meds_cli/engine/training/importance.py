@@ -15,6 +15,13 @@ Metrics, on the response tokens (mask), with d = log pi_old(y) - log pi_sampler(
   kl_k1           mean -d            (unbiased estimate of KL(sampler || trainer))
   kl_k3           mean e^d - 1 - d   (Schulman's k3: unbiased, never negative, lower variance)
   tis_capped      share of tokens whose ratio e^d exceeds the cap
+
+Both compare like with like only when the sampler's log-probs are those of the full softmax at
+the temperature, as the trainer's are. Under nucleus sampling (top_p < 1) or with stop tokens
+held back (min_new_tokens > 0) they are those of the truncated distribution it sampled from, so
+every ratio is off by the kept mass (about 0.71 at top_p 0.7) whatever the kernels do: TIS is
+refused with those settings when the config loads, and the metrics are not logged
+(`truncation_of_sampler`; docs/algorithms.md, "Sampler mismatch").
 """
 
 from __future__ import annotations
@@ -22,6 +29,14 @@ from __future__ import annotations
 import torch
 
 IS_CORRECTIONS = ("none", "tis")
+
+
+def truncation_of_sampler(top_p: float, min_new_tokens: int) -> str | None:
+    """Why the sampler's log-probs are not of the full softmax the trainer takes (the settings that
+    truncate its distribution), or None when they are."""
+    reasons = ([f"top_p={top_p} samples from the nucleus only"] if top_p < 1.0 else []) + (
+        [f"min_new_tokens={min_new_tokens} holds the stop tokens back"] if min_new_tokens > 0 else [])
+    return "; ".join(reasons) or None
 
 
 def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:

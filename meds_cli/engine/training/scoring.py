@@ -34,19 +34,32 @@ def scoring_temperature(rollout_temperature: float) -> float:
 
 
 def scoring_pass(view_needed_by: str | None, *, uses_reference: bool, optimizer_steps_per_batch: int,
-                 setting: str = "auto") -> str | None:
+                 setting: str = "auto", deterministic_update: bool = True) -> str | None:
     """Which rows the no-grad scoring pass covers:
     "sampled": every sampled group, before rewards (the rewards or the keep decision read the pass);
     "trained": the groups that train, after the keep decision (old log-probs for several optimizer
-               steps, reference log-probs, or a view read by reward shaping);
+               steps, reference log-probs, a view read by reward shaping, or an update forward
+               that is not deterministic);
     None:      no pass: with one optimizer step per batch the old log-probs are the update's own,
                detached, and the update's forward gives the entropy (verl's on-policy case).
+    `deterministic_update` False (dropout in the train-mode forward, `has_active_dropout`): the
+    update's own log-probs carry the dropout noise, not pi_old's values, so the pass stays.
     setting "always" keeps a pass where None would do (to check the two give the same run)."""
     if view_needed_by == "rewards":
         return "sampled"
-    if setting == "always" or view_needed_by is not None or uses_reference or optimizer_steps_per_batch > 1:
+    if (setting == "always" or view_needed_by is not None or uses_reference or optimizer_steps_per_batch > 1
+            or not deterministic_update):
         return "trained"
     return None
+
+
+def has_active_dropout(model) -> bool:
+    """Whether the model's train-mode forward is random: a dropout module with p > 0 (the LoRA
+    adapter's `model.lora.dropout` among them) or attention dropout in the model's config (applied
+    inside the attention function, no module to find)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    return float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
 
 
 def shares_prompts(train_cfg, sharded) -> bool:

@@ -250,6 +250,15 @@ def _inner(optimizer):
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def global_sum(accelerator, value: float) -> float:
+    """The sum of `value` over every process (the value itself with one process): the update's
+    loss normalisers and the eval's counts are global, so any launch makes the same numbers."""
+    if accelerator.num_processes == 1:
+        return float(value)
+    total = torch.tensor([float(value)], device=accelerator.device)
+    return float(accelerator.reduce(total, reduction="sum").item())
+
+
 def close_process_group(accelerator) -> None:
     """Every process has finished: tear the process group down here rather than at interpreter
     exit, where gloo's threads are destroyed in no set order and a process sometimes aborts

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -29,12 +29,39 @@ from meds_cli.engine.training.scoring import policy_forward, scoring_temperature
 
 @dataclass
 class Policy:
-    """The model as the loop calls it (DDP wrapper, sharded module or plain), its optimizer, and
-    the FSDP2 units when sharded (None otherwise)."""
+    """The model as the loop calls it (DDP wrapper, sharded module or plain), its optimizer, the
+    FSDP2 units when sharded (None otherwise), and the learning-rate schedule (set by the trainer
+    once the number of optimizer steps is known)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     sharded: sharding.Sharded | None = None
+    scheduler: Any = None
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the update reads of the run config, per process."""
+
+    ppo_epochs: int
+    mini_batch_size: int | None  # rows per process and optimizer step; None: the whole batch
+    micro_batch_size: int
+    temperature: float  # log-probs at the sampling temperature (scoring.scoring_temperature)
+    chunk_tokens: int
+    is_correction: str
+    tis_cap: float
+    grad_clip: float
+    norm_length: int  # the length a fixed-length loss aggregation divides by
+    share_prompts: bool
+
+    @classmethod
+    def from_config(cls, cfg, world: int, share_prompts: bool) -> UpdateSettings:
+        mini = cfg.train.mini_batch_size // world if cfg.train.mini_batch_size else None
+        return cls(ppo_epochs=cfg.train.ppo_epochs, mini_batch_size=mini, micro_batch_size=cfg.train.micro_batch_size,
+                   temperature=scoring_temperature(cfg.rollout.temperature),
+                   chunk_tokens=cfg.train.logprob_chunk_tokens, is_correction=cfg.rollout.is_correction,
+                   tis_cap=cfg.rollout.tis_cap, grad_clip=cfg.optim.grad_clip, norm_length=cfg.rollout.max_new_tokens,
+                   share_prompts=share_prompts)
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -77,74 +104,80 @@ def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None])
     return Policy(model, optimizer)
 
 
-def update_policy(trainer, batch: Rollouts) -> dict:
+def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSettings, acc, engine) -> dict:
     """PPO epochs x mini-batches of optimizer steps on `batch`; returns the update's metrics.
 
     Without a scoring pass (batch.old_logp is None: one optimizer step per batch, engine/scoring.py)
     the old log-probs are this forward's own, detached: they fill batch.old_logp, and its entropy
     batch.entropy. The rollout engine is released for the update (vLLM sleeps) and told of every
     optimizer step."""
-    cfg, algo, acc = trainer.cfg, trainer.algorithm, trainer.acc
-    model, world, device = trainer.model, trainer.world, acc.device
-    trainer.engine.release()
+    model, world, device = policy.model, acc.num_processes, acc.device
+    engine.release()
     model.train()
     size = batch.size
-    mini = (cfg.train.mini_batch_size // world) if cfg.train.mini_batch_size else size
-    micro = cfg.train.micro_batch_size
-    temperature = scoring_temperature(cfg.rollout.temperature)
+    mini = settings.mini_batch_size or size
     own_old = batch.old_logp is None
     if own_old:
         batch.entropy = torch.zeros_like(batch.response_mask)
         batch.old_logp = torch.zeros_like(batch.response_mask)
     mask = algo.loss_mask(batch)
-    adv = batch.advantages
     params = [p for p in model.parameters() if p.requires_grad]
     stats, losses, grad_norms = [], [], []
-    for _epoch in range(cfg.train.ppo_epochs):
+    for _epoch in range(settings.ppo_epochs):
         for start in range(0, size, mini):
             rows = list(range(start, min(start + mini, size)))
-            total_tokens = max(trainer._global_sum(mask[rows].sum().item()), 1.0)
-            total_seqs = max(trainer._global_sum(len(rows)), 1.0)
+            total_tokens = max(sharding.global_sum(acc, mask[rows].sum().item()), 1.0)
+            total_seqs = max(sharding.global_sum(acc, len(rows)), 1.0)
             step_loss = 0.0
+            micro = settings.micro_batch_size
             chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
             for k, chunk in enumerate(chunks):
                 last = k == len(chunks) - 1
-                sync = nullcontext() if last or trainer.sharded is not None else acc.no_sync(model)
+                sync = nullcontext() if last or policy.sharded is not None else acc.no_sync(model)
                 with sync:
-                    with acc.autocast():
-                        logp, entropy, _, _ = policy_forward(
-                            model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
-                            batch.prompt_width, batch.response_ids[chunk].to(device), temperature=temperature,
-                            response_mask=batch.response_mask[chunk].to(device),
-                            chunk_tokens=cfg.train.logprob_chunk_tokens, with_entropy=own_old,
-                            share_prompts=trainer.share_prompts)
-                    if own_old:
-                        old = logp.detach()
-                        batch.entropy[chunk] = entropy.cpu()
-                        batch.old_logp[chunk] = old.float().cpu()
-                    else:
-                        old = batch.old_logp[chunk].to(device)
-                    ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
-                    chunk_mask = mask[chunk].to(device)
-                    loss_mat, s = algo.token_loss(logp, old, adv[chunk].to(device), chunk_mask, ref)
-                    sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
-                    weights = is_correction_weights(cfg.rollout.is_correction, old, sampler, cfg.rollout.tis_cap)
-                    if weights is not None:  # the engine sampled from pi_sampler, not pi_old
-                        loss_mat = loss_mat * weights
-                    loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens,
-                                    total_seqs=total_seqs, norm_length=cfg.rollout.max_new_tokens)
+                    loss, s = micro_batch_loss(model, algo, batch, chunk, mask, settings, acc, own_old,
+                                               total_tokens=total_tokens, total_seqs=total_seqs)
                     # DDP and FSDP2 average gradients over processes; the normalisers are global already.
                     acc.backward(loss * world)
                 step_loss += loss.item()
                 stats.append(s)
             acc.unscale_gradients()  # fp16's loss scale, before the norm is measured
-            grad_norms.append(float(sharding.clip_gradients(params, cfg.optim.grad_clip)))
+            grad_norms.append(float(sharding.clip_gradients(params, settings.grad_clip)))
             losses.append(step_loss)
-            trainer.optimizer.step()
-            trainer.engine.policy_updated()
-            trainer.scheduler.step()
-            trainer.optimizer.zero_grad(set_to_none=True)
+            policy.optimizer.step()
+            engine.policy_updated()
+            policy.scheduler.step()
+            policy.optimizer.zero_grad(set_to_none=True)
     out = mean_of(stats)
     out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
                optimizer_steps=len(losses))
     return out
+
+
+def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch.Tensor, settings: UpdateSettings,
+                     acc, own_old: bool, *, total_tokens: float, total_seqs: float) -> tuple[torch.Tensor, dict]:
+    """The loss of rows `chunk`, normalised by the mini-batch's global counts, and its statistics.
+    Where the update's forward stands in for the scoring pass (`own_old`), its log-probs,
+    detached, become the batch's old log-probs and its entropy the batch's entropy."""
+    device = acc.device
+    with acc.autocast():
+        logp, entropy, _, _ = policy_forward(
+            model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
+            batch.prompt_width, batch.response_ids[chunk].to(device), temperature=settings.temperature,
+            response_mask=batch.response_mask[chunk].to(device), chunk_tokens=settings.chunk_tokens,
+            with_entropy=own_old, share_prompts=settings.share_prompts)
+    if own_old:
+        old = logp.detach()
+        batch.entropy[chunk] = entropy.cpu()
+        batch.old_logp[chunk] = old.float().cpu()
+    else:
+        old = batch.old_logp[chunk].to(device)
+    ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None
+    chunk_mask = mask[chunk].to(device)
+    sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
+    # The engine sampled from pi_sampler, not pi_old: the policy-gradient term is reweighted.
+    weights = is_correction_weights(settings.is_correction, old, sampler, settings.tis_cap)
+    loss_mat, stats = algo.token_loss(logp, old, batch.advantages[chunk].to(device), chunk_mask, ref, weights)
+    loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens, total_seqs=total_seqs,
+                    norm_length=settings.norm_length)
+    return loss, stats

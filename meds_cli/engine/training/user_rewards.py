@@ -10,12 +10,18 @@ Each function becomes a reward channel beside the algorithm's own (named after t
 weighted by `reward.function_weights` (default 1 each): the reward is the sum of the channels,
 and algorithms that treat channels separately (RLIF's GDPO) see it as a channel of its own.
 
+A function is code we do not control. Every call gets its own copies of the inputs, so one that
+changes them (clears `completions`, say) changes nothing of the trainer's or another channel's;
+its return is checked (a list, one value per response, each a finite number) before it is used;
+and a call that runs past `reward.function_timeout_s` stops the run with one line naming it.
+
 Loading user code from a file the user names on the command line or in a config is intended;
 nothing here ever imports a file because it lies in a run folder.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import math
@@ -28,6 +34,7 @@ from typing import Callable, Sequence
 import torch
 
 from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.time_limit import TimeLimitExceeded, call_with_time_limit
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class RewardFunction:
     spec: str  # 'file.py:name' as the user wrote it
     fn: Callable
     weight: float
+    timeout_s: float = 0.0  # limit of one call (0: none)
 
 
 def as_list(value) -> list:
@@ -88,9 +96,9 @@ def planned_channels(functions, weights=None) -> list[tuple[str, str, float]]:
     return planned
 
 
-def load_reward_functions(functions, weights=None) -> list[RewardFunction]:
-    """The functions of `reward.functions` with their `reward.function_weights`; every mistake in
-    the names, files or weights is one line."""
+def load_reward_functions(functions, weights=None, timeout_s: float = 0.0) -> list[RewardFunction]:
+    """The functions of `reward.functions` with their `reward.function_weights` and the time limit
+    of one call; every mistake in the names, files or weights is one line."""
     loaded: list[RewardFunction] = []
     for channel, spec, weight in planned_channels(functions, weights):
         path, name = parse_spec(spec)
@@ -105,7 +113,7 @@ def load_reward_functions(functions, weights=None) -> list[RewardFunction]:
                             f"its functions: {', '.join(found) or 'none'}")
         if not callable(fn):
             raise UserError(f"reward.functions: '{name}' in '{path}' is not a function (type {type(fn).__name__})")
-        loaded.append(RewardFunction(channel, spec, fn, weight))
+        loaded.append(RewardFunction(channel, spec, fn, weight, timeout_s))
     return loaded
 
 
@@ -131,13 +139,24 @@ def _check_values(values, expected: int, where: str) -> list[float]:
     if len(values) != expected:
         raise UserError(f"{where} returned {len(values)} values for {expected} responses; it must return one float per response")
     for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-            raise UserError(f"{where} returned {value!r} for response {i}; every value must be a finite number")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not _finite(value):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."  # 10**400 has 401 digits
+            raise UserError(f"{where} returned {shown} for response {i}; every value must be a finite number")
     return [float(v) for v in values]
 
 
+def _finite(value: numbers.Real) -> bool:
+    """Whether a number is finite as a float: an int too large for one (10**400) is not."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _call(function: RewardFunction, prompts: list, completions: list, fields: dict[str, list]):
-    return function.fn(prompts=prompts, completions=completions, **fields)
+    """The function on its own copies of the inputs, within its time limit."""
+    inputs = copy.deepcopy({**fields, "prompts": prompts, "completions": completions})
+    return call_with_time_limit(lambda: function.fn(**inputs), function.timeout_s)
 
 
 def _failing_row(function: RewardFunction, prompts, completions, fields) -> int | None:
@@ -145,7 +164,7 @@ def _failing_row(function: RewardFunction, prompts, completions, fields) -> int 
     for i in range(len(completions)):
         try:
             _call(function, prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in fields.items()})
-        except Exception:
+        except (Exception, TimeLimitExceeded):
             return i
     return None
 
@@ -157,6 +176,9 @@ def evaluate_function(function: RewardFunction, prompts: list[str], completions:
     where = f"reward function '{function.spec}'"
     try:
         values = _call(function, prompts, completions, fields)
+    except TimeLimitExceeded:
+        raise UserError(f"{where} did not return within {function.timeout_s:g} s on a batch of {len(completions)} "
+                        f"responses; make it faster or raise reward.function_timeout_s (0: no limit)") from None
     except Exception as error:
         row = _failing_row(function, prompts, completions, fields)
         at = (f" on row {row} (problem {fields['problem_id'][row]!r}, response {completions[row][:60]!r})"
