@@ -212,12 +212,14 @@ def main() -> None:
             wall = statistics.median(w for w, _ in per_step[(system, shape)])
             cpu = statistics.median(c for _, c in per_step[(system, shape)])
             print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
-    print_growth({key: statistics.median(w for w, _ in times) for key, times in per_step.items()}, systems, shapes)
+    for clock, column in (("wall", 0), ("CPU", 1)):  # CPU: steadier where the load changes during the run
+        medians = {key: statistics.median(t[column] for t in times) for key, times in per_step.items()}
+        print_growth(medians, systems, shapes, clock)
 
 
-def print_growth(medians: dict, systems, shapes: list[str]) -> None:
-    """Each system's median wall step time at every length of a prompts x responses pair, over its
-    time at that pair's shortest length, beside the growth of the tokens themselves."""
+def print_growth(medians: dict, systems, shapes: list[str], clock: str) -> None:
+    """Each system's median `clock` step time at every length of a prompts x responses pair, over
+    its time at that pair's shortest length, beside the growth of the tokens themselves."""
     pairs: dict[tuple[int, int], list[str]] = {}
     for shape in shapes:
         prompts, group, _ = parse_shape(shape)
@@ -227,7 +229,7 @@ def print_growth(medians: dict, systems, shapes: list[str]) -> None:
             continue
         members.sort(key=lambda shape: parse_shape(shape)[2])
         shortest = members[0]
-        print(f"\ngrowth of the step time with length at {prompts} x {group} (over {shortest})")
+        print(f"\ngrowth of the {clock} step time with length at {prompts} x {group} (over {shortest})")
         print(f"{'shape':>8} {'tokens':>7} " + " ".join(f"{system:>13}" for system in systems))
         for shape in members:
             tokens = parse_shape(shape)[2] / parse_shape(shortest)[2]
