@@ -12,7 +12,10 @@ Two samplers run interleaved, round after round, so a busy machine slows both al
   - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py).
 Response lengths are forced (min_new_tokens = max_new_tokens) so both do the same work.
 
-    python scripts/bench_generate.py [--sizes 8,32,64] [--new-tokens 48] [--rounds 3] [--threads N]
+Each length (`--lengths`, new tokens per response) runs at every size; a long response shows
+what grows with the position (the KV cache, attention) against the fixed cost of a step.
+
+    python scripts/bench_generate.py [--sizes 8,32,64] [--lengths 48,512] [--rounds 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens:
     cfg = model.config
     linear = sum(m.weight.numel() for name, m in model.named_modules()
                  if isinstance(m, torch.nn.Linear) and "lora_" not in name)  # merged: adapters cost nothing
-    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
-    q_width = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * head_dim
+    q_width = cfg.num_attention_heads * head_dim
     total = 2 * groups * prompt_len * linear / flops
     for t in range(new_tokens):
         context = prompt_len + t
@@ -69,7 +73,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--sizes", default="8,32,64", help="sequences per batch (8 samples per prompt)")
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--lengths", default="48,512", help="new tokens per response, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as configured for this process)")
     parser.add_argument("--lora-rank", type=int, default=16, help="0: no adapter")
@@ -79,41 +83,26 @@ def main() -> None:
                              "(use with --threads 1, where CPU seconds are core seconds)")
     args = parser.parse_args()
 
-    from benchmarks.tasks import build_task
-    from meds_cli.engine.config import LoraConfig, TaskConfig
-    from meds_cli.engine.rollout.hf_sampler import HFEngine
-    from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
-    from meds_cli.core.cpu_budget import configure_torch_threads
-    from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer
+    from decode_setup import decoding_policy, engine_requests, prompts_for
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    else:
-        configure_torch_threads()
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    if args.lora_rank:
-        model = apply_lora(model, LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank))
-        torch.manual_seed(0)
-        for name, p in model.named_parameters():  # a trained-looking adapter, not the zero init
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.01)
-    model.eval()
-    task = build_task(TaskConfig(name="arithmetic", prompt_style="chat"), 0)
+    from meds_cli.engine.rollout.hf_sampler import HFEngine
+    from meds_cli.engine.rollout.sampling_engine import SamplingSettings, stop_token_ids
+
+    model, tokenizer, task = decoding_policy(args.model, args.lora_rank, args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     samplers = args.samplers.split(",")
-    G, N = args.group_size, args.new_tokens
+    G, lengths = args.group_size, [int(n) for n in args.lengths.split(",")]
 
     clock = time.process_time if args.cpu_time else time.perf_counter
     bandwidth, flops = probe_bandwidth(clock), probe_matmul(clock)
     print(f"model {args.model}, LoRA rank {args.lora_rank or 'none'}, {torch.get_num_threads()} threads, "
-          f"{N} new tokens, {'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f} "
+          f"{args.lengths} new tokens, {'CPU' if args.cpu_time else 'wall'} time, "
+          f"load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
 
-    def run(sampler: str, size: int) -> float:
-        groups = max(1, size // G)
-        problems = task.train[:groups]
-        prompts = [task.prompt(p, tokenizer) for p in problems]
+    def run(sampler: str, size: int, N: int) -> float:
+        prompts = prompts_for(task, tokenizer, size, G)
         if sampler == "generate":
             texts = [p for p in prompts for _ in range(G)][:size]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -124,29 +113,30 @@ def main() -> None:
                                min_new_tokens=N, eos_token_id=list(stop_token_ids(tokenizer)),
                                pad_token_id=tokenizer.pad_token_id)
             return clock() - t0
-        requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]),
-                                  tuple(range(i * G, i * G + min(G, size))))
-                    for i, p in enumerate(prompts)]
+        requests = engine_requests(prompts, tokenizer, size, G)
         settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
         engine = HFEngine(model, tokenizer.pad_token_id, batch_size=size)
         t0 = clock()
         engine.generate(requests, settings)
         return clock() - t0
 
-    times = {(s, n): [] for s in samplers for n in sizes}
+    times = {(s, n, N): [] for s in samplers for n in sizes for N in lengths}
     for _ in range(args.rounds):
-        for size in sizes:
-            for sampler in samplers:
-                times[(sampler, size)].append(run(sampler, size))
+        for N in lengths:
+            for size in sizes:
+                for sampler in samplers:
+                    times[(sampler, size, N)].append(run(sampler, size, N))
 
     prompt_len = len(tokenizer(task.prompt(task.train[0], tokenizer), add_special_tokens=False)["input_ids"])
-    print(f"\n{'sequences':>9} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} {'of limit':>9}")
-    for size in sizes:
-        limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
-        for sampler in samplers:
-            median = statistics.median(times[(sampler, size)])
-            rate = size * N / median
-            print(f"{size:>9} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} {rate / limit:>9.0%}")
+    print(f"\n{'tokens':>6} {'sequences':>9} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} "
+          f"{'of limit':>9}")
+    for N in lengths:
+        for size in sizes:
+            limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
+            for sampler in samplers:
+                median = statistics.median(times[(sampler, size, N)])
+                rate = size * N / median
+                print(f"{N:>6} {size:>9} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} {rate / limit:>9.0%}")
     print(f"(median of {args.rounds} interleaved rounds; load average now {os.getloadavg()[0]:.1f})")
 
 

@@ -4,18 +4,22 @@ Same model (the embedded SmolLM2-135M, fp32), LoRA rank 16 (alpha 32) on all lin
 KL term, one optimizer step per generation, micro-batches of 8 sequences, no gradient
 checkpointing (TRL's default turns it on), and response lengths forced on both sides
 (min_new_tokens = max_new_tokens) so both decode exactly as many tokens.
-Shapes: prompts x responses x new tokens, by default 2 x 4 x 32 and the demo's 4 x 8 x 48.
+Shapes: prompts x responses x new tokens, by default 2 x 4 at 32, 128 and 512 tokens and the
+demo's 4 x 8 x 48. Shapes that differ only in length also print each system's growth: its step
+time at each length over its step time at the shortest (work that grows faster than the tokens
+shows as a growth above theirs).
 
 Every process gets OMP_WAIT_POLICY=PASSIVE (meds's default; see meds_cli/core/cpu_budget.py)
-unless the caller set a policy. Each round starts one fresh process per system and shape and times its steps (the first step
-of a process, with its lazy initialisation, is left out); systems alternate within a round, so
-a busy machine slows them alike. Printed: the median wall and CPU seconds per step of each
-system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
+unless the caller set a policy. Each round starts one fresh process per system and shape and
+times its steps (the first step of a process, with its lazy initialisation, is left out); systems
+alternate within a round, so a busy machine slows them alike. Printed: the median wall and CPU
+seconds per step of each system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
 checkout (for before/after figures in one run).
 
 Needs TRL: pip install -e '.[bench]'   (or pip install trl; it leaves torch alone)
 
-    python scripts/bench_vs_trl.py [--rounds 3] [--steps 3] [--shapes 2x4x32,4x8x48] [--baseline-tree ../main]
+    python scripts/bench_vs_trl.py [--rounds 3] [--steps 3] [--shapes 2x4x32,2x4x128,2x4x512,4x8x48]
+                                   [--baseline-tree ../main]
 """
 
 from __future__ import annotations
@@ -128,15 +132,24 @@ def run_meds(shape, steps: int) -> list[tuple[float, float]]:
 
 
 def _drop_stop_ids():
-    for name in ("meds_cli.engine.rollout.batch", "meds_cli.engine.rollout", "meds_cli.rollout"):
+    """An older tree without rollout.min_new_tokens: no stop ids at all makes every response run to
+    the limit. Trees name the function that lists them `_eos_ids` (the first layouts) or
+    `stop_token_ids` (imported by name into the modules that build sampling settings), so every
+    module that holds one gets the empty list."""
+    patched = False
+    for name in ("meds_cli.engine.rollout.sampling_engine", "meds_cli.engine.rollout.batch",
+                 "meds_cli.engine.rollout.eval_backends", "meds_cli.engine.rollout", "meds_cli.rollout",
+                 "meds_cli.engine.sampling_engine", "meds_cli.engine.rollout_batch", "meds_cli.sampling_engine"):
         try:
             module = __import__(name, fromlist=["_eos_ids"])
         except ImportError:
             continue
-        if hasattr(module, "_eos_ids"):
-            module._eos_ids = lambda tokenizer: []
-            return
-    raise SystemExit("cannot force response lengths in this tree")
+        for attr in ("_eos_ids", "stop_token_ids"):
+            if callable(getattr(module, attr, None)):
+                setattr(module, attr, lambda tokenizer: ())
+                patched = True
+    if not patched:
+        raise SystemExit("cannot force response lengths in this tree")
 
 
 # ---------------------------------------------------------------- the parent
@@ -161,7 +174,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="steps per process (the first is left out)")
-    parser.add_argument("--shapes", default="2x4x32,4x8x48", help="prompts x responses x new tokens, comma-separated")
+    parser.add_argument("--shapes", default="2x4x32,2x4x128,2x4x512,4x8x48",
+                        help="prompts x responses x new tokens, comma-separated")
     parser.add_argument("--baseline-tree", type=Path, help="another meds checkout, timed as 'meds-baseline'")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads in every process (0: each decides); 1 gives steadier CPU times when busy")
@@ -198,6 +212,29 @@ def main() -> None:
             wall = statistics.median(w for w, _ in per_step[(system, shape)])
             cpu = statistics.median(c for _, c in per_step[(system, shape)])
             print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
+    for clock, column in (("wall", 0), ("CPU", 1)):  # CPU: steadier where the load changes during the run
+        medians = {key: statistics.median(t[column] for t in times) for key, times in per_step.items()}
+        print_growth(medians, systems, shapes, clock)
+
+
+def print_growth(medians: dict, systems, shapes: list[str], clock: str) -> None:
+    """Each system's median `clock` step time at every length of a prompts x responses pair, over
+    its time at that pair's shortest length, beside the growth of the tokens themselves."""
+    pairs: dict[tuple[int, int], list[str]] = {}
+    for shape in shapes:
+        prompts, group, _ = parse_shape(shape)
+        pairs.setdefault((prompts, group), []).append(shape)
+    for (prompts, group), members in pairs.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda shape: parse_shape(shape)[2])
+        shortest = members[0]
+        print(f"\ngrowth of the {clock} step time with length at {prompts} x {group} (over {shortest})")
+        print(f"{'shape':>8} {'tokens':>7} " + " ".join(f"{system:>13}" for system in systems))
+        for shape in members:
+            tokens = parse_shape(shape)[2] / parse_shape(shortest)[2]
+            print(f"{shape:>8} {tokens:>6.1f}x " +
+                  " ".join(f"{medians[(system, shape)] / medians[(system, shortest)]:>12.2f}x" for system in systems))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Why not `model.generate`: for RL rollouts the work is G samples of the same prompt, and
 generate's general machinery costs time that this shape does not need. The loop here
-  - runs one prefill per distinct prompt and copies its KV cache to the G rows that share it;
+  - runs one prefill per distinct prompt and copies its KV cache to the G rows that share it,
+    into buffers with room for the whole response, written in place (engine/rollout/reserved_cache.py);
   - drops a row from the batch as soon as it ends (no decoding of padding after an early EOS);
   - samples every row from its own pre-drawn uniforms (inverse CDF), so a sample depends on its
     seed only, never on the rows beside it, in one vectorised call per step;
@@ -22,6 +23,7 @@ import torch
 
 from meds_cli.core.forward import cache_keyword, output_cache
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
+from meds_cli.engine.rollout.reserved_cache import reserve_cache
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
 
 
@@ -142,8 +144,8 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
     rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([r.n for r in requests])).to(device)
-    if len(rows) != len(requests) or not torch.equal(rows, torch.arange(len(requests), device=device)):
-        cache.batch_select_indices(rows)  # the prompt's keys and values, copied to each of its samples
+    # the prompt's keys and values, copied to each of its samples, with room for the responses
+    reserve_cache(cache, rows, width + settings.max_new_tokens)
     logits = out.logits[:, -1].float()[rows]
     mask, next_position = mask[rows], positions[rows, -1] + 1
     del out
