@@ -32,7 +32,8 @@ from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer,
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
 from meds_cli.engine.training.importance import mismatch_metrics
-from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.engines import make_engine
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
 from meds_cli.engine.training.scoring import score_rollouts, scoring_pass, scoring_temperature, shares_prompts
 from meds_cli.engine.training.sharding import check_distributed_setup, gathered_parameters, make_accelerator

@@ -25,15 +25,11 @@ from pathlib import Path
 
 from benchmarks.generation import Backend, GenerationSettings, Generated, Request
 from meds_cli.core.errors import UserError
-from meds_cli.engine.config import VLLMConfig
-from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.batch import decode_responses, sample_requests
-from meds_cli.engine.rollout.sampling_engine import (ENGINES, RolloutEngine, SamplingSettings, cuda_available,
-                                             resolve_engine, stop_token_ids)
-from meds_cli.engine.rollout.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
 from meds_cli.engine.run_folders.state_codec import read_tensors
-
-BACKENDS = ENGINES
 
 
 @dataclass(frozen=True)
@@ -50,11 +46,6 @@ class ModelSpec:
         if self.checkpoint is None:
             return self.name
         return f"{self.checkpoint.parent.parent.name}@{self.checkpoint.name}"
-
-
-def resolve_backend(name: str) -> str:
-    """'hf' or 'vllm' for --backend; 'auto' picks vLLM only when it can actually run."""
-    return resolve_engine(name, key="--backend")
 
 
 def _dtype(spec: ModelSpec) -> str:
@@ -165,7 +156,6 @@ class VLLMBackend:
 
     def __init__(self, spec: ModelSpec, settings: GenerationSettings, api=None):
         from meds_cli.engine.model_io.model import TINY, load_tokenizer, resolve_model
-        from meds_cli.engine.rollout.vllm_engine import VLLMEngine
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
@@ -205,11 +195,3 @@ def _merged_copy(spec: ModelSpec) -> Path:
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))
     return target
-
-
-def make_backend(name: str, spec: ModelSpec, settings: GenerationSettings) -> Backend:
-    """The backend of --backend, with the model loaded."""
-    if resolve_backend(name) == "vllm":
-        return VLLMBackend(spec, settings)
-    model, tokenizer = load_hf_policy(spec)
-    return HFBackend(model, tokenizer, settings)
