@@ -9,10 +9,15 @@ probes run here first (a large tensor sum, a large fp32 matmul) with the same th
 Two samplers run interleaved, round after round, so a busy machine slows both alike:
   - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
     rollouts were drawn before the `hf` engine);
-  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py).
-Response lengths are forced (min_new_tokens = max_new_tokens) so both do the same work.
+  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py);
+  - `vllm` (asked for with --samplers): the `vllm` rollout engine serving the same policy, the
+    adapter as a LoRARequest (float32, eager; needs the vllm package: `make setup-vllm`, then run
+    with .venv-vllm/bin/python and OMP_NUM_THREADS set, or vLLM leaves torch one thread).
+Response lengths are forced (min_new_tokens = max_new_tokens) so all do the same work.
+--lora-rank takes a list: `--lora-rank 16,0` runs every sampler with and without an adapter.
 
     python scripts/bench_generate.py [--sizes 8,32,64] [--new-tokens 48] [--rounds 3] [--threads N]
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python scripts/bench_generate.py --samplers engine,vllm --lora-rank 16,0
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -72,7 +78,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as configured for this process)")
-    parser.add_argument("--lora-rank", type=int, default=16, help="0: no adapter")
+    parser.add_argument("--lora-rank", default="16", help="adapter rank, or a comma list of ranks (0: no adapter)")
     parser.add_argument("--samplers", default="generate,engine")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with this process's CPU time instead of wall time: steadier on a busy machine "
@@ -90,27 +96,36 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     else:
         configure_torch_threads()
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    if args.lora_rank:
-        model = apply_lora(model, LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank))
-        torch.manual_seed(0)
-        for name, p in model.named_parameters():  # a trained-looking adapter, not the zero init
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.01)
-    model.eval()
+    def policy(rank: int):
+        model, tokenizer = load_model_and_tokenizer(args.model)
+        if rank:
+            model = apply_lora(model, LoraConfig(rank=rank, alpha=2 * rank))
+            torch.manual_seed(0)
+            for name, p in model.named_parameters():  # a trained-looking adapter, not the zero init
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.01)
+        model.eval()
+        return model, tokenizer
+
+    ranks = [int(r) for r in args.lora_rank.split(",")]
+    samplers = args.samplers.split(",")
+    policies = {rank: policy(rank) for rank in ranks}
+    vllm_engines = {rank: vllm_engine(args.model, model, rank) for rank, (model, _) in policies.items()
+                    if "vllm" in samplers}
+    model, tokenizer = policies[ranks[0]]
     task = build_task(TaskConfig(name="arithmetic", prompt_style="chat"), 0)
     sizes = [int(s) for s in args.sizes.split(",")]
-    samplers = args.samplers.split(",")
     G, N = args.group_size, args.new_tokens
 
     clock = time.process_time if args.cpu_time else time.perf_counter
     bandwidth, flops = probe_bandwidth(clock), probe_matmul(clock)
-    print(f"model {args.model}, LoRA rank {args.lora_rank or 'none'}, {torch.get_num_threads()} threads, "
+    print(f"model {args.model}, LoRA rank {args.lora_rank} (0: none), {torch.get_num_threads()} threads, "
           f"{N} new tokens, {'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
 
-    def run(sampler: str, size: int) -> float:
+    def run(sampler: str, size: int, rank: int) -> float:
+        model, tokenizer = policies[rank]
         groups = max(1, size // G)
         problems = task.train[:groups]
         prompts = [task.prompt(p, tokenizer) for p in problems]
@@ -128,26 +143,42 @@ def main() -> None:
                                   tuple(range(i * G, i * G + min(G, size))))
                     for i, p in enumerate(prompts)]
         settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
-        engine = HFEngine(model, tokenizer.pad_token_id, batch_size=size)
+        engine = vllm_engines[rank] if sampler == "vllm" else HFEngine(model, tokenizer.pad_token_id, batch_size=size)
         t0 = clock()
         engine.generate(requests, settings)
         return clock() - t0
 
-    times = {(s, n): [] for s in samplers for n in sizes}
+    times = {(s, n, r): [] for s in samplers for n in sizes for r in ranks}
     for _ in range(args.rounds):
         for size in sizes:
-            for sampler in samplers:
-                times[(sampler, size)].append(run(sampler, size))
+            for rank in ranks:
+                for sampler in samplers:
+                    times[(sampler, size, rank)].append(run(sampler, size, rank))
 
     prompt_len = len(tokenizer(task.prompt(task.train[0], tokenizer), add_special_tokens=False)["input_ids"])
-    print(f"\n{'sequences':>9} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} {'of limit':>9}")
+    print(f"\n{'sequences':>9} {'LoRA':>5} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} "
+          f"{'of limit':>9}")
     for size in sizes:
         limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
-        for sampler in samplers:
-            median = statistics.median(times[(sampler, size)])
-            rate = size * N / median
-            print(f"{size:>9} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} {rate / limit:>9.0%}")
+        for rank in ranks:
+            for sampler in samplers:
+                median = statistics.median(times[(sampler, size, rank)])
+                rate = size * N / median
+                print(f"{size:>9} {rank or '-':>5} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} "
+                      f"{rate / limit:>9.0%}")
     print(f"(median of {args.rounds} interleaved rounds; load average now {os.getloadavg()[0]:.1f})")
+
+
+def vllm_engine(model_name: str, policy, rank: int):
+    """The `vllm` rollout engine following `policy` (its adapter pushed as a LoRARequest) in float32."""
+    import tempfile
+
+    from meds_cli.engine.model_io.model import resolve_model
+    from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
+
+    options = VLLMConfig(dtype="float32", sleep_level=0, max_model_len=1024, enforce_eager=True)
+    return VLLMEngine(resolve_model(model_name), options=options, policy=policy, lora_rank=rank or None,
+                      scratch_dir=Path(tempfile.mkdtemp(prefix="bench-vllm-")))
 
 
 if __name__ == "__main__":

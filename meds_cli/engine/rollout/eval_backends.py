@@ -171,7 +171,9 @@ class VLLMBackend:
                 # Full fine-tuning: vLLM reads weights only from a model folder, so write one.
                 source = str(_merged_copy(spec))
         self.tokenizer = load_tokenizer(source)
-        options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec))  # eval has the GPU alone
+        # Eval has the GPU alone; on a CPU, compiling would take longer than most evals.
+        options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec),
+                             enforce_eager=not cuda_available())
         self.engine = VLLMEngine(source, options=options, lora_rank=rank, adapter_path=adapter, api=api)
 
     def generate(self, requests: list[Request]) -> list[Generated]:

@@ -63,6 +63,8 @@ class VLLMConfig:
                         "without native bfloat16, float32 is several times faster)")
     max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the model's limit)",
                              at_least(0))
+    enforce_eager: bool = doc(False, "no torch.compile and no CUDA graphs: the engine starts in seconds but decodes "
+                              "slower on a GPU (on a CPU, compiling takes minutes)")
 
 
 def check_vllm_settings(temperatures: dict[str, float]) -> None:
@@ -100,6 +102,18 @@ def vllm_api() -> SimpleNamespace:
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, TokensPrompt=TokensPrompt,
                            sleep_mode_available=current_platform.is_sleep_mode_available,
                            platform=current_platform.device_type)
+
+
+def refusal_text(err: ValueError) -> str:
+    """One line from vLLM's refusal: pydantic's message of the first failed check, else the first line."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        try:
+            return " ".join(str(errors()[0]["msg"]).split())
+        except (TypeError, IndexError, KeyError):
+            pass
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def say_on_stderr(text: str) -> None:
@@ -195,11 +209,19 @@ class VLLMEngine:
                       enable_sleep_mode=options.sleep_level > 0, logprobs_mode="processed_logprobs")
         if options.max_model_len:
             kwargs["max_model_len"] = options.max_model_len
+        if options.enforce_eager:
+            kwargs["enforce_eager"] = True
+        elif self.api.platform == "cpu":
+            say("vLLM compiles the model before its first batch, which takes minutes on a CPU; "
+                "rollout.vllm.enforce_eager=true starts in seconds")
         if processes > 1:  # colocated in every training process: vLLM joins the launcher's process group
             kwargs["distributed_executor_backend"] = "external_launcher"
         if self.push_adapter or adapter_path is not None:
             kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank or 1), max_loras=1)
-        self.llm = self.api.LLM(**kwargs)
+        try:
+            self.llm = self.api.LLM(**kwargs)
+        except ValueError as err:  # vLLM's own config checks (pydantic's ValidationError is a ValueError)
+            raise UserError(f"vLLM refused its settings: {refusal_text(err)}") from None
         self.lora_request = (self.api.LoRARequest("checkpoint", 1, str(Path(adapter_path).resolve()))
                              if adapter_path is not None else None)
         self.policy_version = 0  # optimizer steps seen
