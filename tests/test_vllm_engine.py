@@ -51,7 +51,7 @@ class FakeLLM:
     """Records every call in `events`; generates [seed % 50, seed % 7, STOP] for each request
     (or max_tokens tokens when that is shorter), with log-probs -0.1 * position."""
 
-    def __init__(self, events, with_rpc=True, **kwargs):
+    def __init__(self, events, with_rpc=True, reload=False, **kwargs):
         self.events, self.kwargs = events, kwargs
         self.loaded = []
         events.append(("init", kwargs))
@@ -64,6 +64,9 @@ class FakeLLM:
             self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
                 model_runner=runner)))
         self.worker = SimpleNamespace(model_runner=runner)
+        if reload:  # vLLM 0.32's worker: weights reloaded in place, in checkpoint format
+            self.worker.reload_weights = lambda weights_iterator, is_checkpoint_format: (
+                self.events.append(("reload", is_checkpoint_format)), self._load(list(weights_iterator)))
 
     def _load(self, weights):
         self.loaded.append(dict(weights))
@@ -95,10 +98,10 @@ class FakeLLM:
         return outputs
 
 
-def fake_api(events, with_rpc=True, sleep_mode=True):
-    return SimpleNamespace(LLM=lambda **kw: FakeLLM(events, with_rpc, **kw), SamplingParams=FakeSamplingParams,
+def fake_api(events, with_rpc=True, sleep_mode=True, reload=False, platform="fake"):
+    return SimpleNamespace(LLM=lambda **kw: FakeLLM(events, with_rpc, reload, **kw), SamplingParams=FakeSamplingParams,
                            LoRARequest=FakeLoRARequest, TokensPrompt=FakeTokensPrompt,
-                           sleep_mode_available=lambda: sleep_mode, platform="fake")
+                           sleep_mode_available=lambda: sleep_mode, platform=platform)
 
 
 def _policy(lora=True):
@@ -382,3 +385,23 @@ def test_eval_backend_refuses_a_temperature_vllm_refuses(tmp_path):
     with pytest.raises(UserError, match="--temperature=2.5 is above 2"):
         VLLMBackend(ModelSpec(str(tmp_path)), GenerationSettings(2.5, 1.0, 5, 8), api=fake_api(events))
     assert events == []  # refused before any engine was built
+
+
+def test_a_worker_that_reloads_in_place_gets_the_weights_in_checkpoint_format(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(sync="merged"), policy=_policy(), lora_rank=12, scratch_dir=tmp_path,
+                        api=fake_api(events, reload=True))
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert ("reload", True) in events and "model.layers.0.self_attn.q_proj.weight" in engine.llm.loaded[-1]
+
+
+def test_on_cpu_a_call_is_cut_into_waves_the_scheduler_prefills_whole(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(sleep_level=0), api=fake_api(events, platform="cpu"), say=print)
+    engine.llm.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(
+        max_num_batched_tokens=10, max_num_seqs=3)))
+    # prompts of 4, 4, 1, 1, 1, 1 tokens: 4+1 + 4+1 = 10 fits, then at most three requests a call
+    out = engine.generate([SampleRequest((1, 1, 1, 1), (1, 2)), SampleRequest((5,), (3, 4, 5, 6))], SETTINGS)
+    calls = [[p["prompt_token_ids"] for p in e[1]] for e in events if e[0] == "generate"]
+    assert calls == [[[1, 1, 1, 1], [1, 1, 1, 1]], [[5], [5], [5]], [[5]]]
+    assert [[s.token_ids[0] for s in r] for r in out] == [[1, 2], [3, 4, 5, 6]]  # the samples keep their order

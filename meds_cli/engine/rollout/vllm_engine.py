@@ -167,8 +167,15 @@ def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _load_into_worker(worker, weights):
-    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model."""
-    served_model(worker.model_runner).load_weights(weights=weights)
+    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model.
+    vLLM 0.32's workers reload in place (`reload_weights`), which also works where loading turned
+    the parameters into kernel formats that a second `load_weights` cannot read (its CPU build);
+    older workers take the weights through the model's own `load_weights`."""
+    reload = getattr(worker, "reload_weights", None)
+    if callable(reload):
+        reload(weights_iterator=iter(weights), is_checkpoint_format=True)
+    else:
+        served_model(worker.model_runner).load_weights(weights=weights)
 
 
 def served_model(model_runner):
@@ -176,6 +183,12 @@ def served_model(model_runner):
     CUDA-graph or compile wrapper); runners without the accessor hold the model itself."""
     get_model = getattr(model_runner, "get_model", None)
     return get_model() if callable(get_model) else model_runner.model
+
+
+def _scheduler_config(llm):
+    """vLLM's scheduler settings (token budget per step, most requests at once), where it shows them."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return getattr(config, "scheduler_config", None)
 
 
 class VLLMEngine:
@@ -303,6 +316,29 @@ class VLLMEngine:
         return self.tp_gather(mine)
 
     def _generate_flat(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
+        return [sample for wave in self._waves(items) for sample in self._generate_wave(wave, settings)]
+
+    def _waves(self, items: list[tuple[tuple[int, ...], int]]) -> list[list]:
+        """The items in calls vLLM prefills whole. On CPU, vLLM 0.32 fails on a seeded request
+        whose prompt its scheduler splits over two steps ('CPU Generator does not use offset':
+        it rewinds the request's generator, which CPU generators cannot), and it splits a prompt
+        when a step's token budget runs out; so each call holds at most max_num_seqs requests and
+        prompts within the budget. One call elsewhere."""
+        scheduler = _scheduler_config(self.llm)
+        if self.api.platform != "cpu" or scheduler is None:
+            return [items] if items else []
+        budget, most = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+        waves, wave, used = [], [], 0
+        for item in items:
+            cost = len(item[0]) + 1  # its prompt, and a decode token for each request already running
+            if wave and (used + cost > budget or len(wave) == most):
+                waves.append(wave)
+                wave, used = [], 0
+            wave.append(item)
+            used += cost
+        return waves + ([wave] if wave else [])
+
+    def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
         prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in items]
         params = [api.SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,
