@@ -112,7 +112,9 @@ def test_the_policy_reaches_vllm_after_every_step(tmp_path, random_model, reward
     print(algo, sync, rows)
     for row in rows:
         assert row["mismatch/logp_abs_diff"] < TOLERANCE_RANDOM, rows
-        assert row["mismatch/kl_k3"] < TOLERANCE_RANDOM ** 2, rows  # k3 ~ d^2 / 2 for small d
+        # k3 = e^d - 1 - d is about d^2 / 2, below float32's own rounding of e^d (eps per token)
+        # here: its bound is the same rounding level.
+        assert row["mismatch/kl_k3"] < TOLERANCE_RANDOM, rows
 
 
 @pytest.mark.parametrize("sync", ["lora-adapter", "full"])
@@ -203,37 +205,47 @@ def arithmetic_data(tmp_path: Path, count: int) -> Path:
 
 
 @needs_embedded
-def test_both_backends_grade_the_same_problems_alike(tmp_path):
+def test_meds_eval_with_vllm_on_a_bare_model_writes_what_hf_writes(tmp_path):
     data = arithmetic_data(tmp_path, 12)
-    common = ["--model", "smollm2-135m", "--benchmarks", "math500", "--data-dir", data, "--max-new-tokens", "32", "-q"]
-    scores = {}
+    common = ["--model", "smollm2-135m", "--benchmarks", "math500", "--data-dir", data, "--max-new-tokens", "32", "-q",
+              "--temperature", "0", "--k", "1", "--n", "1"]
+    responses = {}
     for backend in ("hf", "vllm"):
-        for mode, options in {"greedy": ["--temperature", "0", "--k", "1", "--n", "1"],
-                              "sampled": ["--temperature", "0.6", "--top-p", "1.0", "--k", "1", "--n", "8",
-                                          "--seed", "5"]}.items():
-            out = tmp_path / f"{backend}-{mode}"
-            result = invoke("eval", *common, "--backend", backend, *options, "--output", out)
-            assert result.exit_code == 0, result.output
-            samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-            scores[backend, mode] = (json.loads((out / "results.json").read_text())["benchmarks"]["math500"], samples)
-    print({k: v[0] for k, v in scores.items()})
-    # Greedy: the same float32 model picks the same tokens but at near ties, so nearly every
-    # response is the same text, graded the same.
-    hf, vl = (sorted(scores[b, "greedy"][1], key=lambda s: s["problem_id"]) for b in ("hf", "vllm"))
-    same = sum(a["response"] == b["response"] for a, b in zip(hf, vl))
-    assert same >= 10, [(a["response"], b["response"]) for a, b in zip(hf, vl)]
-    # Sampled: other random numbers, one distribution: pass@1 over 96 samples differ by sampling
-    # noise only (4 standard errors of a difference of two such means).
-    p_hf, p_vl = (scores[b, "sampled"][0]["pass@k"]["1"] for b in ("hf", "vllm"))
-    p = (p_hf + p_vl) / 2
-    assert abs(p_hf - p_vl) <= 4 * math.sqrt(2 * p * (1 - p) / 96) + 1e-9, (p_hf, p_vl)
+        out = tmp_path / backend
+        result = invoke("eval", *common, "--backend", backend, "--output", out)
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "results.json").read_text())["backend"] == backend
+        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        responses[backend] = [r["response"] for r in sorted(rows, key=lambda r: r["problem_id"])]
+    # Greedy: the same float32 model picks the same tokens except at near ties, so nearly every
+    # response is the same text.
+    same = sum(a == b for a, b in zip(responses["hf"], responses["vllm"]))
+    assert same >= 10, list(zip(responses["hf"], responses["vllm"]))
 
 
 @needs_embedded
-def test_eval_of_a_bare_model_with_vllm_matches_the_engine(tmp_path):
-    backend = make_backend("vllm", ModelSpec("smollm2-135m"), GenerationSettings(0.0, 1.0, 12, 8))
-    first = backend.generate([Request("What is 2 + 3?", 2, 7)])[0]
-    assert len(first.texts) == 2 and first.texts[0] == first.texts[1]  # greedy: one answer
+def test_both_backends_grade_the_same_problems_alike():
+    """SmolLM2 gets no benchmark answer boxed at this size, so the seeded set is the arithmetic
+    task's (graded by its last integer): each eval backend samples 8 answers to 16 problems."""
+    task = build_task(load_config(overrides=["task.name=arithmetic"]).task, 0)
+    problems = task.train[:16]
+    settings = GenerationSettings(temperature=0.6, top_p=1.0, max_new_tokens=24, batch_size=64)
+    passed = {}
+    for name in ("hf", "vllm"):
+        backend = make_backend(name, ModelSpec("smollm2-135m"), settings)
+        requests = [Request(task.prompt(p, backend.tokenizer), 8, 100 + i) for i, p in enumerate(problems)]
+        texts = [text for generated in backend.generate(requests) for text in generated.texts]
+        verdicts = task.grade([(p, t) for p, group in zip(problems, [texts[i:i + 8] for i in range(0, 128, 8)])
+                               for t in group])
+        passed[name] = sum(v.correct for v in verdicts) / len(verdicts)
+        del backend
+        gc.collect()
+    print("pass@1 over 128 samples", passed)
+    # Other random numbers, one distribution: pass@1 over 128 samples each differs by sampling
+    # noise only (4 standard errors of the difference of two such means).
+    p = (passed["hf"] + passed["vllm"]) / 2
+    assert 0 < p < 1, passed  # a set the model gets partly right: the comparison can fail
+    assert abs(passed["hf"] - passed["vllm"]) <= 4 * math.sqrt(2 * p * (1 - p) / 128), passed
 
 
 @pytest.mark.parametrize("setting, words", [
