@@ -76,6 +76,22 @@ def random_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def tied_random_model(tmp_path_factory) -> Path:
+    """The random model with its output head tied to the embeddings, as SmolLM2's: vLLM serves
+    the head from the embedding tensor, which a full-weight push must update as well."""
+    from transformers import LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tied-random-llama")
+    model, tokenizer = tiny_model_and_tokenizer(layers=2, hidden=256, seed=3)
+    config = model.config
+    config.tie_word_embeddings = True
+    torch.manual_seed(4)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def reward_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("reward") / "rewards.py"
     path.write_text(REWARD)
@@ -104,11 +120,14 @@ def mismatch_per_step(tmp_path: Path, settings: list[str], steps: int, *, sync: 
     return [{k: row[k] for k in ("step", "mismatch/kl_k3", "mismatch/logp_abs_diff", "loss")} for row in rows]
 
 
-@pytest.mark.parametrize("algo, sync", [("grpo", "lora-adapter"), ("dapo", "lora-merged"), ("meds", "full")])
-def test_the_policy_reaches_vllm_after_every_step(tmp_path, random_model, reward_file, algo, sync):
+@pytest.mark.parametrize("algo, sync", [("grpo", "lora-adapter"), ("dapo", "lora-merged"), ("meds", "full"),
+                                        ("grpo", "full-tied")])
+def test_the_policy_reaches_vllm_after_every_step(tmp_path, random_model, tied_random_model, reward_file, algo, sync):
+    full = ["model.lora.enabled=false", "optim.lr=0.003"]
     extra = {"lora-adapter": ["rollout.vllm.sync=adapter"], "lora-merged": ["rollout.vllm.sync=merged"],
-             "full": ["model.lora.enabled=false", "optim.lr=0.003"]}[sync]
-    rows = mismatch_per_step(tmp_path, run_settings(random_model, reward_file, algo, *extra), steps=4)
+             "full": full, "full-tied": full}[sync]
+    model = tied_random_model if sync == "full-tied" else random_model
+    rows = mismatch_per_step(tmp_path, run_settings(model, reward_file, algo, *extra), steps=4)
     print(algo, sync, rows)
     for row in rows:
         assert row["mismatch/logp_abs_diff"] < TOLERANCE_RANDOM, rows
