@@ -405,3 +405,24 @@ def test_on_cpu_a_call_is_cut_into_waves_the_scheduler_prefills_whole(tmp_path):
     calls = [[p["prompt_token_ids"] for p in e[1]] for e in events if e[0] == "generate"]
     assert calls == [[[1, 1, 1, 1], [1, 1, 1, 1]], [[5], [5], [5]], [[5]]]
     assert [[s.token_ids[0] for s in r] for r in out] == [[1, 2], [3, 4, 5, 6]]  # the samples keep their order
+
+
+def test_a_tied_output_head_is_tied_again_to_the_reloaded_embeddings():
+    from meds_cli.engine.rollout.vllm_engine import retie_output_head
+
+    calls = []
+    embed = SimpleNamespace(weight="new embedding")
+
+    def make(tied):
+        head = SimpleNamespace(weight="old embedding")
+        head.tie_weights = lambda e: (calls.append("tie"), setattr(head, "weight", e.weight))
+        head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: calls.append("prepare"))
+        return SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=tied), lm_head=head,
+                               model=SimpleNamespace(embed_tokens=embed))
+
+    untied = make(False)
+    retie_output_head(untied)
+    assert calls == [] and untied.lm_head.weight == "old embedding"  # its own head was loaded by name
+    tied = make(True)
+    retie_output_head(tied)
+    assert calls == ["tie", "prepare"] and tied.lm_head.weight == "new embedding"

@@ -174,8 +174,22 @@ def _load_into_worker(worker, weights):
     reload = getattr(worker, "reload_weights", None)
     if callable(reload):
         reload(weights_iterator=iter(weights), is_checkpoint_format=True)
+        retie_output_head(served_model(worker.model_runner))
     else:
         served_model(worker.model_runner).load_weights(weights=weights)
+
+
+def retie_output_head(model) -> None:
+    """With tied embeddings vLLM's output head is the embedding tensor, never loaded by name, and
+    an in-place reload leaves the head (and, on CPU, the matmul weights packed from it) at the old
+    embedding: tie it to the new one and let the head prepare its kernels again."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return
+    head.tie_weights(embed)
+    head.quant_method.process_weights_after_loading(head)
 
 
 def served_model(model_runner):
