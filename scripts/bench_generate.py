@@ -6,16 +6,21 @@ The limit is a roofline: every decode step must read the weights (and the KV cac
 matmul throughput); the prefill adds its flops. Bandwidth and matmul throughput come from two
 probes run here first (a large tensor sum, a large fp32 matmul) with the same thread count.
 
-Two samplers run interleaved, round after round, so a busy machine slows both alike:
+The samplers run interleaved, round after round, so a busy machine slows them alike:
   - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
     rollouts were drawn before the `hf` engine);
-  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py).
-Response lengths are forced (min_new_tokens = max_new_tokens) so both do the same work.
+  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py);
+  - `vllm` (asked for with --samplers): the `vllm` rollout engine serving the same policy, the
+    adapter as a LoRARequest (float32, eager; needs the vllm package: `make setup-vllm`, then run
+    with .venv-vllm/bin/python and OMP_NUM_THREADS set, or vLLM leaves torch one thread).
+Response lengths are forced (min_new_tokens = max_new_tokens) so all do the same work.
+--lora-rank takes a list: `--lora-rank 16,0` runs every sampler with and without an adapter.
 
 Each length (`--lengths`, new tokens per response) runs at every size; a long response shows
 what grows with the position (the KV cache, attention) against the fixed cost of a step.
 
     python scripts/bench_generate.py [--sizes 8,32,64] [--lengths 48,512] [--rounds 3] [--threads N]
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python scripts/bench_generate.py --samplers engine,vllm --lora-rank 16,0
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -76,7 +82,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="48,512", help="new tokens per response, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as configured for this process)")
-    parser.add_argument("--lora-rank", type=int, default=16, help="0: no adapter")
+    parser.add_argument("--lora-rank", default="16", help="adapter rank, or a comma list of ranks (0: no adapter)")
     parser.add_argument("--samplers", default="generate,engine")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with this process's CPU time instead of wall time: steadier on a busy machine "
@@ -88,20 +94,24 @@ def main() -> None:
     from meds_cli.engine.rollout.hf_sampler import HFEngine
     from meds_cli.engine.rollout.sampling_engine import SamplingSettings, stop_token_ids
 
-    model, tokenizer, task = decoding_policy(args.model, args.lora_rank, args.threads)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    ranks = [int(r) for r in args.lora_rank.split(",")]
     samplers = args.samplers.split(",")
+    policies = {rank: decoding_policy(args.model, rank, args.threads) for rank in ranks}
+    vllm_engines = {rank: vllm_engine(args.model, model, rank) for rank, (model, _, _) in policies.items()
+                    if "vllm" in samplers}
+    model, tokenizer, task = policies[ranks[0]]
+    sizes = [int(s) for s in args.sizes.split(",")]
     G, lengths = args.group_size, [int(n) for n in args.lengths.split(",")]
 
     clock = time.process_time if args.cpu_time else time.perf_counter
     bandwidth, flops = probe_bandwidth(clock), probe_matmul(clock)
-    print(f"model {args.model}, LoRA rank {args.lora_rank or 'none'}, {torch.get_num_threads()} threads, "
+    print(f"model {args.model}, LoRA rank {args.lora_rank} (0: none), {torch.get_num_threads()} threads, "
           f"{args.lengths} new tokens, {'CPU' if args.cpu_time else 'wall'} time, "
-          f"load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores")
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
 
-    def run(sampler: str, size: int, N: int) -> float:
+    def run(sampler: str, size: int, N: int, rank: int) -> float:
+        model, tokenizer, _ = policies[rank]
         prompts = prompts_for(task, tokenizer, size, G)
         if sampler == "generate":
             texts = [p for p in prompts for _ in range(G)][:size]
@@ -115,29 +125,44 @@ def main() -> None:
             return clock() - t0
         requests = engine_requests(prompts, tokenizer, size, G)
         settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
-        engine = HFEngine(model, tokenizer.pad_token_id, batch_size=size)
+        engine = vllm_engines[rank] if sampler == "vllm" else HFEngine(model, tokenizer.pad_token_id, batch_size=size)
         t0 = clock()
         engine.generate(requests, settings)
         return clock() - t0
 
-    times = {(s, n, N): [] for s in samplers for n in sizes for N in lengths}
+    times = {(s, n, N, r): [] for s in samplers for n in sizes for N in lengths for r in ranks}
     for _ in range(args.rounds):
         for N in lengths:
             for size in sizes:
-                for sampler in samplers:
-                    times[(sampler, size, N)].append(run(sampler, size, N))
+                for rank in ranks:
+                    for sampler in samplers:
+                        times[(sampler, size, N, rank)].append(run(sampler, size, N, rank))
 
     prompt_len = len(tokenizer(task.prompt(task.train[0], tokenizer), add_special_tokens=False)["input_ids"])
-    print(f"\n{'tokens':>6} {'sequences':>9} {'sampler':>9} {'median s':>9} {'tokens/s':>9} {'limit tok/s':>12} "
-          f"{'of limit':>9}")
+    print(f"\n{'tokens':>6} {'sequences':>9} {'LoRA':>5} {'sampler':>9} {'median s':>9} {'tokens/s':>9} "
+          f"{'limit tok/s':>12} {'of limit':>9}")
     for N in lengths:
         for size in sizes:
             limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
-            for sampler in samplers:
-                median = statistics.median(times[(sampler, size, N)])
-                rate = size * N / median
-                print(f"{N:>6} {size:>9} {sampler:>9} {median:>9.2f} {rate:>9.1f} {limit:>12.1f} {rate / limit:>9.0%}")
+            for rank in ranks:
+                for sampler in samplers:
+                    median = statistics.median(times[(sampler, size, N, rank)])
+                    rate = size * N / median
+                    print(f"{N:>6} {size:>9} {rank or '-':>5} {sampler:>9} {median:>9.2f} {rate:>9.1f} "
+                          f"{limit:>12.1f} {rate / limit:>9.0%}")
     print(f"(median of {args.rounds} interleaved rounds; load average now {os.getloadavg()[0]:.1f})")
+
+
+def vllm_engine(model_name: str, policy, rank: int):
+    """The `vllm` rollout engine following `policy` (its adapter pushed as a LoRARequest) in float32."""
+    import tempfile
+
+    from meds_cli.engine.model_io.model import resolve_model
+    from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
+
+    options = VLLMConfig(dtype="float32", sleep_level=0, max_model_len=1024, enforce_eager=True)
+    return VLLMEngine(resolve_model(model_name), options=options, policy=policy, lora_rank=rank or None,
+                      scratch_dir=Path(tempfile.mkdtemp(prefix="bench-vllm-")))
 
 
 if __name__ == "__main__":

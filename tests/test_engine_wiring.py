@@ -1,12 +1,21 @@
 """The trainer drives its rollout engine through the interface only: it releases the engine
 before the update, tells it after every optimizer step, logs the sampler/trainer mismatch, and
-weights the loss by the truncated importance ratio when asked."""
+weights the loss by the truncated importance ratio when asked. A new engine is one registry entry
+(README, "Adding a rollout engine"), which training and `meds eval` both find."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from benchmarks.generation import GenerationSettings, Request
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+from meds_cli.engine.rollout import engines
+from meds_cli.engine.rollout.engines import ROLLOUT_ENGINES, EngineKind, make_backend
+from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec
+from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -74,3 +83,58 @@ def test_mismatch_metrics_are_not_logged_under_nucleus_sampling(tmp_path):
                                   output_dir=tmp_path), tmp_path)
     row = trainer.train_step()
     assert trainer.sampler_is_full_softmax is False and not any(key.startswith("mismatch/") for key in row)
+
+
+class GreedyEngine(HFEngine):
+    """The pattern of a new engine: the rollout interface (here the hf decode loop, always greedy)."""
+
+    name = "greedy"
+
+    def generate(self, requests, settings):
+        return super().generate(requests, dataclasses.replace(settings, temperature=0.0))
+
+
+def refuse_top_p_below_one(cfg):
+    if cfg.rollout.top_p < 1:
+        raise UserError(f"rollout.top_p={cfg.rollout.top_p}: the greedy engine ignores top_p; leave it at 1")
+
+
+@pytest.fixture
+def greedy_registered(monkeypatch):
+    """Registers the `greedy` engine for one test (monkeypatch removes it afterwards)."""
+    def for_training(cfg, model, tokenizer, **_):
+        return GreedyEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+
+    def for_eval(spec, settings):
+        model, tokenizer = tiny_model_and_tokenizer()
+        backend = HFBackend(model, tokenizer, settings)
+        backend.engine = GreedyEngine(model, tokenizer.pad_token_id, settings.batch_size)
+        return backend
+
+    entries = dict(ROLLOUT_ENGINES._entries)
+    monkeypatch.setattr(ROLLOUT_ENGINES, "_entries", entries)
+    ROLLOUT_ENGINES.register("greedy", "the hf decode loop, greedy whatever the temperature")(EngineKind(
+        unavailable=lambda: None, preferred=lambda: False, check=refuse_top_p_below_one,
+        for_training=for_training, for_eval=for_eval))
+
+
+def test_a_registered_engine_serves_training_and_eval(tmp_path, greedy_registered):
+    assert engines.engine_names() == ["greedy", "hf", "vllm", "auto"]
+    trainer = Trainer(tiny_config("rollout.engine=greedy", "rollout.prompts_per_step=2", "rollout.group_size=4",
+                                  output_dir=tmp_path), tmp_path)
+    assert isinstance(trainer.engine, GreedyEngine)
+    trainer.train_step()
+    batch, _, _ = trainer.collect({"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0})
+    for g in range(0, batch.size, 4):  # greedy: the four responses of a prompt are one response
+        assert len(set(batch.response_texts[g:g + 4])) == 1
+    backend = make_backend("greedy", ModelSpec("tiny-llama"), GenerationSettings(1.0, 1.0, 4, 8))
+    assert isinstance(backend.engine, GreedyEngine)
+    texts = backend.generate([Request("12+3=", 3, 5)])[0].texts
+    assert len(texts) == 3 and len(set(texts)) == 1
+    with pytest.raises(UserError, match="the greedy engine ignores top_p"):  # its check runs when the config loads
+        tiny_config("rollout.engine=greedy", "rollout.top_p=0.9")
+
+
+def test_an_engine_that_is_not_registered_is_refused_in_one_line():
+    with pytest.raises(UserError, match="unknown rollout.engine 'greedy'; accepted: hf, vllm, auto"):
+        tiny_config("rollout.engine=greedy")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.generation import Generated, Request
-from meds_cli.engine.rollout.eval_backends import resolve_backend
+from meds_cli.engine.rollout.engines import resolve_backend
 from benchmarks.harness import (SAMPLES_FILE, EvalSettings, SampleStore, average_scores, check_state, evaluate,
                                 problem_seed, score_benchmark)
 from benchmarks.prompts import code_prompt_text, problem_prompt

@@ -8,8 +8,8 @@ Every import counts, at module level and inside functions, and no two files impo
 in a cycle (an import inside a function does not break a cycle, it only hides it).
 
 Inside the engine, the rooms (meds_cli/engine/__init__.py) import one way: model_io imports no
-room, training imports model_io, rollout imports model_io, run_folders and config, run_folders
-imports training and config; config reads the rooms' constants; the trainer and export join
+room, training imports model_io, rollout imports model_io and run_folders, run_folders
+imports training and config; config reads the rooms' constants (rollout's engine registry too); the trainer and export join
 the rooms, and nothing in a room imports them.
 """
 
@@ -103,9 +103,9 @@ def room(module: str) -> str | None:
 
 
 ROOM_ALLOWED = {"model_io": {"model_io"}, "training": {"training", "model_io"},
-                "rollout": {"rollout", "model_io", "run_folders", "config"},
+                "rollout": {"rollout", "model_io", "run_folders"},
                 "run_folders": {"run_folders", "training", "model_io", "config"},
-                "config": {"config", "training", "run_folders", "model_io"},
+                "config": {"config", "training", "run_folders", "model_io", "rollout"},
                 "top": {"top", "config", *ROOMS}}
 
 

@@ -1,6 +1,6 @@
 """The `vllm` engine's orchestration against a fake with vLLM's call surface (LLM,
 SamplingParams, LoRARequest, TokensPrompt): what is passed, when the policy is pushed, which
-adapter id is served, sleep/wake order. vLLM itself cannot run here."""
+adapter id is served, sleep/wake order. tests/test_vllm_real.py runs the engine on the real vLLM."""
 
 import copy
 import json
@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from meds_cli.engine.config import LoraConfig, VLLMConfig, load_config
-from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, resolve_engine, supported_lora_rank
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine, merged_weights
+from meds_cli.engine.rollout.engines import resolve_engine
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.vllm_engine import VLLMEngine, merged_weights, supported_lora_rank, vllm_available
 from meds_cli.core.errors import UserError
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
@@ -50,15 +51,22 @@ class FakeLLM:
     """Records every call in `events`; generates [seed % 50, seed % 7, STOP] for each request
     (or max_tokens tokens when that is shorter), with log-probs -0.1 * position."""
 
-    def __init__(self, events, with_rpc=True, **kwargs):
+    def __init__(self, events, with_rpc=True, reload=False, **kwargs):
         self.events, self.kwargs = events, kwargs
         self.loaded = []
         events.append(("init", kwargs))
-        worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(load_weights=self._load)))
-        self.worker = worker
-        if not with_rpc:
+        model = SimpleNamespace(load_weights=self._load)
+        # vLLM's runner may hold a wrapper in `.model` (no load_weights); get_model() is the model.
+        runner = SimpleNamespace(model=SimpleNamespace(wrapped=model), get_model=lambda: model)
+        if not with_rpc:  # an older vLLM: no collective_rpc, no get_model
+            runner = SimpleNamespace(model=model)
             self.collective_rpc = None
-            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
+                model_runner=runner)))
+        self.worker = SimpleNamespace(model_runner=runner)
+        if reload:  # vLLM 0.32's worker: weights reloaded in place, in checkpoint format
+            self.worker.reload_weights = lambda weights_iterator, is_checkpoint_format: (
+                self.events.append(("reload", is_checkpoint_format)), self._load(list(weights_iterator)))
 
     def _load(self, weights):
         self.loaded.append(dict(weights))
@@ -90,9 +98,10 @@ class FakeLLM:
         return outputs
 
 
-def fake_api(events, with_rpc=True):
-    return SimpleNamespace(LLM=lambda **kw: FakeLLM(events, with_rpc, **kw), SamplingParams=FakeSamplingParams,
-                           LoRARequest=FakeLoRARequest, TokensPrompt=FakeTokensPrompt)
+def fake_api(events, with_rpc=True, sleep_mode=True, reload=False, platform="fake"):
+    return SimpleNamespace(LLM=lambda **kw: FakeLLM(events, with_rpc, reload, **kw), SamplingParams=FakeSamplingParams,
+                           LoRARequest=FakeLoRARequest, TokensPrompt=FakeTokensPrompt,
+                           sleep_mode_available=lambda: sleep_mode, platform=platform)
 
 
 def _policy(lora=True):
@@ -122,7 +131,9 @@ SETTINGS = SamplingSettings(temperature=0.8, top_p=0.95, max_new_tokens=8, stop_
 
 
 def test_lora_rank_rounds_up_to_a_size_vllm_accepts():
-    assert [supported_lora_rank(r) for r in (1, 8, 12, 16, 17, 64, 200, 300, 512)] == [8, 8, 16, 16, 32, 64, 256, 320, 512]
+    # vLLM accepts max_lora_rank 1: a rank-1 adapter is not padded to 8.
+    assert [supported_lora_rank(r) for r in (1, 2, 8, 12, 16, 17, 64, 200, 300, 512)] == [1, 8, 8, 16, 16, 32, 64, 256,
+                                                                                            320, 512]
     with pytest.raises(UserError, match="larger than vLLM supports"):
         supported_lora_rank(600)
 
@@ -197,6 +208,19 @@ def test_no_sleep_mode_means_no_sleep(tmp_path):
     assert "sleep" not in _names(events) and not events[0][1]["enable_sleep_mode"]
 
 
+def test_sleep_is_off_in_one_line_where_the_platform_has_no_sleep_mode(tmp_path):
+    events, said = [], []
+    engine = VLLMEngine("/m", options=VLLMConfig(sleep_level=1, sync="merged"), policy=_policy(lora=False),
+                        api=fake_api(events, sleep_mode=False), say=said.append)
+    assert not events[0][1]["enable_sleep_mode"]  # vLLM on CPU refuses enable_sleep_mode=True
+    assert said == ["rollout.vllm.sleep_level=1: vLLM has no sleep mode on this platform (fake), so it stays awake "
+                    "while the trainer updates"]
+    engine.release()
+    engine.policy_updated()
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert "sleep" not in _names(events) and "wake_up" not in _names(events)
+
+
 def test_level_two_sleep_wakes_weights_then_loads_then_wakes_the_kv_cache(tmp_path):
     events = []
     engine, _ = _engine(tmp_path, events, options=VLLMConfig(sleep_level=2, sync="merged"))
@@ -220,7 +244,9 @@ def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
     ("rollout.vllm.sync=copy", "accepted: adapter, merged"),
     ("rollout.vllm.sleep_level=3", "must be 0, 1 or 2"),
     ("rollout.vllm.tensor_parallel_size=0", "at least 1"),
-    ("rollout.engine=vvlm", "accepted: hf, vllm, auto"),
+    ("rollout.engine=vvlm", "unknown rollout.engine 'vvlm' \\(did you mean 'vllm'\\?\\); accepted: hf, vllm, auto"),
+    ("rollout.vllm.dtype=fp8", "accepted: bfloat16, float16, float32, auto"),
+    ("rollout.vllm.max_model_len=-1", "at least 0"),
     ("rollout.is_correction=ppo", "accepted: none, tis"),
     ("rollout.tis_cap=0", "greater than 0"),
     ("rollout.min_new_tokens=65", "must not exceed max_new_tokens=64"),
@@ -228,6 +254,16 @@ def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
 def test_bad_engine_settings_are_refused_when_the_config_loads(setting, message):
     with pytest.raises(UserError, match=message):
         load_config(overrides=[setting])
+
+
+@pytest.mark.parametrize("settings, key", [
+    (["rollout.temperature=2.5"], "rollout.temperature=2.5"),
+    (["eval.temperature=3"], "eval.temperature=3.0"),
+])
+def test_temperatures_vllm_refuses_are_refused_when_the_config_loads(settings, key):
+    with pytest.raises(UserError, match=f"{key} is above 2, the highest temperature vLLM samples at"):
+        load_config(overrides=["rollout.engine=vllm", *settings])
+    assert load_config(overrides=["rollout.engine=hf", *settings])  # the hf engine samples at any temperature
 
 
 def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
@@ -291,8 +327,9 @@ def test_engine_choice():
     assert resolve_engine("auto") == "hf"  # no vllm and no GPU here
     with pytest.raises(UserError, match="accepted: hf, vllm, auto"):
         resolve_engine("vvlm")
-    with pytest.raises(UserError, match="rollout.engine=vllm needs"):
-        resolve_engine("vllm")
+    if not vllm_available():
+        with pytest.raises(UserError, match="rollout.engine=vllm needs the vllm package"):
+            resolve_engine("vllm")
 
 
 def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_ids(tmp_path):
@@ -321,3 +358,71 @@ def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_
     assert (lora.lora_int_id, lora.lora_path) == (1, str(adapter.resolve()))
     assert [len(g.texts) for g in out] == [2, 1]
     assert out[0].lengths == [3, 3] and out[0].truncated == [True, True]  # STOP is not one of this tokenizer's stops
+
+
+def test_the_processes_of_one_tensor_parallel_group_share_an_engine_seed(tmp_path, monkeypatch):
+    from meds_cli.engine.rollout import engines, vllm_engine
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    events = []
+    monkeypatch.setattr(engines, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "vllm_api", lambda: fake_api(events))
+    monkeypatch.setattr(engines, "tensor_parallel_gather", lambda size: None)
+    cfg = load_config(overrides=["rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2", "train.seed=10",
+                                 f"model.name={model_dir}"])
+    for rank in range(4):
+        engines.make_engine(cfg, _policy(), None, scratch_dir=tmp_path / f"rank-{rank}", processes=4, rank=rank)
+    assert [e[1]["seed"] for e in events if e[0] == "init"] == [10, 10, 11, 11]  # TRL's rank // tp
+
+
+def test_eval_backend_refuses_a_temperature_vllm_refuses(tmp_path):
+    from benchmarks.generation import GenerationSettings
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, VLLMBackend
+
+    events = []
+    with pytest.raises(UserError, match="--temperature=2.5 is above 2"):
+        VLLMBackend(ModelSpec(str(tmp_path)), GenerationSettings(2.5, 1.0, 5, 8), api=fake_api(events))
+    assert events == []  # refused before any engine was built
+
+
+def test_a_worker_that_reloads_in_place_gets_the_weights_in_checkpoint_format(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(sync="merged"), policy=_policy(), lora_rank=12, scratch_dir=tmp_path,
+                        api=fake_api(events, reload=True))
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert ("reload", True) in events and "model.layers.0.self_attn.q_proj.weight" in engine.llm.loaded[-1]
+
+
+def test_on_cpu_a_call_is_cut_into_waves_the_scheduler_prefills_whole(tmp_path):
+    events = []
+    engine = VLLMEngine("/m", options=VLLMConfig(sleep_level=0), api=fake_api(events, platform="cpu"), say=print)
+    engine.llm.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(
+        max_num_batched_tokens=10, max_num_seqs=3)))
+    # prompts of 4, 4, 1, 1, 1, 1 tokens: 4+1 + 4+1 = 10 fits, then at most three requests a call
+    out = engine.generate([SampleRequest((1, 1, 1, 1), (1, 2)), SampleRequest((5,), (3, 4, 5, 6))], SETTINGS)
+    calls = [[p["prompt_token_ids"] for p in e[1]] for e in events if e[0] == "generate"]
+    assert calls == [[[1, 1, 1, 1], [1, 1, 1, 1]], [[5], [5], [5]], [[5]]]
+    assert [[s.token_ids[0] for s in r] for r in out] == [[1, 2], [3, 4, 5, 6]]  # the samples keep their order
+
+
+def test_a_tied_output_head_is_tied_again_to_the_reloaded_embeddings():
+    from meds_cli.engine.rollout.vllm_engine import retie_output_head
+
+    calls = []
+    embed = SimpleNamespace(weight="new embedding")
+
+    def make(tied):
+        head = SimpleNamespace(weight="old embedding")
+        head.tie_weights = lambda e: (calls.append("tie"), setattr(head, "weight", e.weight))
+        head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: calls.append("prepare"))
+        return SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=tied), lm_head=head,
+                               model=SimpleNamespace(embed_tokens=embed))
+
+    untied = make(False)
+    retie_output_head(untied)
+    assert calls == [] and untied.lm_head.weight == "old embedding"  # its own head was loaded by name
+    tied = make(True)
+    retie_output_head(tied)
+    assert calls == ["tie", "prepare"] and tied.lm_head.weight == "new embedding"

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from benchmarks.generation import GenerationSettings
-from meds_cli.engine.rollout.eval_backends import ModelSpec, make_backend, resolve_backend
+from meds_cli.engine.rollout.engines import make_backend, resolve_backend
+from meds_cli.engine.rollout.eval_backends import ModelSpec
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.engine.run_folders import run_dir as runs

@@ -24,13 +24,15 @@ from algorithms import ALGORITHMS
 from benchmarks.dataset_source import check_columns
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
+from meds_cli.core.files import read_user_text, replace_text
+from meds_cli.engine.rollout.engines import check_engine_settings
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig
+from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.precision import MIXED_PRECISION
 from meds_cli.engine.training.scoring import SCORING_SETTINGS
 from meds_cli.engine.training.sharding import SHARDINGS
-from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.user_rewards import planned_channels
 
 FINITE = Check(math.isfinite, "a finite number")
@@ -105,21 +107,6 @@ class RewardConfig:
 
 
 @dataclass
-class VLLMConfig:
-    gpu_memory_utilization: float = doc(0.3, "share of each GPU's memory the colocated vLLM holds (weights + KV cache)",
-                                        UNIT_INTERVAL)
-    tensor_parallel_size: int = doc(1, "GPUs per vLLM instance; the processes of a group pool their prompts",
-                                    at_least(1))
-    sleep_level: int = doc(1, "while the trainer updates: 0 stay awake, 1 weights to CPU and KV cache freed, "
-                              "2 weights freed too (needs a full-weight sync)", Check(lambda v: v in (0, 1, 2), "0, 1 or 2"))
-    sync: str = choice("adapter", ["adapter", "merged"],
-                       "with LoRA: push the adapter as a new LoRARequest each step, or load merged weights in place")
-    dtype: str = choice("bfloat16", ["bfloat16", "float16", "float32", "auto"], "what vLLM computes in")
-    max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the model's limit)",
-                             at_least(0))
-
-
-@dataclass
 class RolloutConfig:
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
@@ -129,8 +116,9 @@ class RolloutConfig:
     min_new_tokens: int = doc(0, "stop tokens are held back before this many tokens (min = max forces equal lengths, "
                                  "for benchmarks)", at_least(0))
     generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine", at_least(1))
-    engine: str = choice("hf", ["hf", "vllm", "auto"], "rollout engine: hf (the training model itself), vllm "
-                         "(colocated vLLM; needs the vllm package and a GPU), auto (vllm where it can run)")
+    engine: str = doc("hf", "rollout engine: hf (the training model itself), vllm (colocated vLLM; needs the vllm "
+                      "package, `make setup-vllm` on CPU), auto (vllm where it is installed and a GPU is present); "
+                      "the names are those of the engine registry (meds_cli/engine/rollout/engines.py)")
     is_correction: str = choice("none", ["none", "tis"], "importance-sampling correction against the engine's own "
                                 "log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap)")
     tis_cap: float = doc(2.0, "cap of the truncated importance weight", FINITE_POSITIVE)
@@ -322,6 +310,7 @@ def validate(cfg: RunConfig) -> None:
     for name, section in cfg.algorithms.items():
         walk(section, name + ".")
     check_group_size(cfg)
+    check_engine_settings(cfg)
 
 
 def check_group_size(cfg: RunConfig) -> None:

@@ -27,7 +27,8 @@ from meds_cli.core.forward import decoder_layers
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.config import to_dict
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
-from meds_cli.engine.rollout.batch import make_engine, sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.engines import make_engine
 from meds_cli.engine.run_folders import checkpoints
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples

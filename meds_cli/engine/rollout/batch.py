@@ -1,42 +1,20 @@
 """Generation of rollouts: samples from the rollout engine (meds_cli/engine/rollout/sampling_engine.py:
-`hf` or `vllm`) laid out as a Rollouts batch (meds_cli/core/rollouts.py). The forward pass that
+`hf` or `vllm`, built by meds_cli/engine/rollout/engines.py) laid out as a Rollouts batch (meds_cli/core/rollouts.py). The forward pass that
 scores them is in meds_cli/engine/training/scoring.py.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from meds_cli.core.errors import UserError
 from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.sampling_engine import (RolloutEngine, Sample, SampleRequest, SamplingSettings, resolve_engine,
-                                             stop_token_ids)
+from meds_cli.engine.rollout.sampling_engine import RolloutEngine, Sample, SampleRequest, SamplingSettings, stop_token_ids
 
 
 # ---------------------------------------------------------------- generation
-
-
-def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
-    """The rollout engine of `rollout.engine` for the training model `model` (unwrapped)."""
-    if resolve_engine(cfg.rollout.engine) == "hf":
-        return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
-    from meds_cli.engine.model_io.model import TINY, resolve_model
-    from meds_cli.engine.rollout.vllm_engine import VLLMEngine, tensor_parallel_gather
-
-    if cfg.model.name == TINY:
-        raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
-    options = cfg.rollout.vllm
-    scratch_dir.mkdir(parents=True, exist_ok=True)
-    return VLLMEngine(resolve_model(cfg.model.name), options=options, seed=cfg.train.seed + rank, policy=model,
-                      lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else None, scratch_dir=scratch_dir,
-                      processes=processes,
-                      tp_gather=tensor_parallel_gather(options.tensor_parallel_size)
-                      if options.tensor_parallel_size > 1 else None)
 
 
 def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = None,

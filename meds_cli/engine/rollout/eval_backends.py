@@ -25,15 +25,11 @@ from pathlib import Path
 
 from benchmarks.generation import Backend, GenerationSettings, Generated, Request
 from meds_cli.core.errors import UserError
-from meds_cli.engine.config import VLLMConfig
-from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.batch import decode_responses, sample_requests
-from meds_cli.engine.rollout.sampling_engine import (ENGINES, RolloutEngine, SamplingSettings, cuda_available,
-                                             resolve_engine, stop_token_ids)
-from meds_cli.engine.rollout.sampling_engine import vllm_available  # noqa: F401 - callers ask this module
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine, check_vllm_settings
 from meds_cli.engine.run_folders.state_codec import read_tensors
-
-BACKENDS = ENGINES
 
 
 @dataclass(frozen=True)
@@ -50,11 +46,6 @@ class ModelSpec:
         if self.checkpoint is None:
             return self.name
         return f"{self.checkpoint.parent.parent.name}@{self.checkpoint.name}"
-
-
-def resolve_backend(name: str) -> str:
-    """'hf' or 'vllm' for --backend; 'auto' picks vLLM only when it can actually run."""
-    return resolve_engine(name, key="--backend")
 
 
 def _dtype(spec: ModelSpec) -> str:
@@ -165,10 +156,10 @@ class VLLMBackend:
 
     def __init__(self, spec: ModelSpec, settings: GenerationSettings, api=None):
         from meds_cli.engine.model_io.model import TINY, load_tokenizer, resolve_model
-        from meds_cli.engine.rollout.vllm_engine import VLLMEngine
 
         if spec.name == TINY:
             raise UserError("the vllm backend cannot load 'tiny-llama' (it is built in memory); use --backend hf")
+        check_vllm_settings({"--temperature": settings.temperature})
         self.settings = settings
         source = resolve_model(spec.name)
         adapter, rank = None, None
@@ -180,7 +171,9 @@ class VLLMBackend:
                 # Full fine-tuning: vLLM reads weights only from a model folder, so write one.
                 source = str(_merged_copy(spec))
         self.tokenizer = load_tokenizer(source)
-        options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec))  # eval has the GPU alone
+        # Eval has the GPU alone; on a CPU, compiling would take longer than most evals.
+        options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec),
+                             enforce_eager=not cuda_available())
         self.engine = VLLMEngine(source, options=options, lora_rank=rank, adapter_path=adapter, api=api)
 
     def generate(self, requests: list[Request]) -> list[Generated]:
@@ -205,11 +198,3 @@ def _merged_copy(spec: ModelSpec) -> Path:
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))
     return target
-
-
-def make_backend(name: str, spec: ModelSpec, settings: GenerationSettings) -> Backend:
-    """The backend of --backend, with the model loaded."""
-    if resolve_backend(name) == "vllm":
-        return VLLMBackend(spec, settings)
-    model, tokenizer = load_hf_policy(spec)
-    return HFBackend(model, tokenizer, settings)

@@ -4,7 +4,7 @@ sampler's own log-probs) out.
 Two engines implement it: `hf` (a decode loop over the training model itself, in this process)
 and `vllm` (a colocated vLLM instance that receives the policy after each optimizer step). The
 trainer and the eval harness only see this interface, so the engine is a config choice
-(`rollout.engine: hf | vllm | auto`).
+(`rollout.engine: hf | vllm | auto`), looked up in the registry of meds_cli/engine/rollout/engines.py.
 
 A request is one prompt and one seed per sample: a sample's randomness belongs to the sample,
 not to the batch it happens to be drawn in, so the same (prompt, seed) gives the same response
@@ -13,14 +13,10 @@ however requests are grouped.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from meds_cli.core.errors import UserError
 from meds_cli.core.forward import LensProbe
-
-ENGINES = ("hf", "vllm", "auto")
 
 
 @dataclass(frozen=True)
@@ -67,28 +63,10 @@ class RolloutEngine(Protocol):
     def release(self) -> None: ...
 
 
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
 def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def resolve_engine(name: str, *, key: str = "rollout.engine") -> str:
-    """'hf' or 'vllm'; 'auto' picks vLLM only where it is installed and a GPU is present."""
-    if name not in ENGINES:
-        raise UserError(f"unknown {key} '{name}'; accepted: {', '.join(ENGINES)}")
-    if name == "auto":
-        return "vllm" if vllm_available() and cuda_available() else "hf"
-    if name == "vllm":
-        if not vllm_available():
-            raise UserError(f"{key}=vllm needs the vllm package, which is not installed (pip install vllm); use hf")
-        if not cuda_available():
-            raise UserError(f"{key}=vllm needs a CUDA GPU and none is visible; use hf")
-    return name
 
 
 def stop_token_ids(tokenizer) -> tuple[int, ...]:
@@ -100,15 +78,3 @@ def stop_token_ids(tokenizer) -> tuple[int, ...]:
         if token in vocab:
             ids.add(vocab[token])
     return tuple(sorted(i for i in ids if i is not None))
-
-
-def supported_lora_rank(rank: int) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds an adapter of rank `rank`."""
-    for size in VLLM_LORA_RANKS:
-        if rank <= size:
-            return size
-    raise UserError(f"LoRA rank {rank} is larger than vLLM supports ({VLLM_LORA_RANKS[-1]}); "
-                    f"lower model.lora.rank or use rollout.engine=hf")
-
-
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)

@@ -17,14 +17,21 @@ the node, which then pool their prompts). The engine follows the policy:
     the sampler's log-probs come back (`logprobs_mode=processed_logprobs`: after temperature
     and top-p, the distribution actually sampled).
 
-vLLM's classes arrive through `api` (LLM, SamplingParams, LoRARequest, TokensPrompt), so tests
-drive this orchestration with a fake that records the calls; none of it has run on a GPU here.
+vLLM's classes arrive through `api` (LLM, SamplingParams, LoRARequest, TokensPrompt), so the
+default tests drive this orchestration with a fake that records the calls; tests/test_vllm_real.py
+runs it against the real vLLM (its CPU build, `make test-vllm`). It has not run on a GPU here.
+
+This module also holds what only vLLM needs: its config section (`rollout.vllm`, VLLMConfig), the
+settings vLLM would refuse (refused when the config loads), and the LoRA ranks it accepts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator, Sequence
@@ -32,19 +39,85 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.config import VLLMConfig
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, supported_lora_rank
+from meds_cli.core.fields import Check, at_least, choice, doc
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses a higher temperature
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
+
+
+@dataclass
+class VLLMConfig:
+    """The `rollout.vllm` config section."""
+
+    gpu_memory_utilization: float = doc(0.3, "share of each GPU's memory the colocated vLLM holds (weights + KV cache)",
+                                        Check(lambda v: 0 < v <= 1, "in (0, 1]"))
+    tensor_parallel_size: int = doc(1, "GPUs per vLLM instance; the processes of a group pool their prompts",
+                                    at_least(1))
+    sleep_level: int = doc(1, "while the trainer updates: 0 stay awake, 1 weights to CPU and KV cache freed, "
+                              "2 weights freed too (needs a full-weight sync); off where the platform has no "
+                              "sleep mode (CPU)", Check(lambda v: v in (0, 1, 2), "0, 1 or 2"))
+    sync: str = choice("adapter", ["adapter", "merged"],
+                       "with LoRA: push the adapter as a new LoRARequest each step, or load merged weights in place")
+    dtype: str = choice("bfloat16", ["bfloat16", "float16", "float32", "auto"], "what vLLM computes in (on a CPU "
+                        "without native bfloat16, float32 is several times faster)")
+    max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the model's limit)",
+                             at_least(0))
+    enforce_eager: bool = doc(False, "no torch.compile and no CUDA graphs: the engine starts in seconds but decodes "
+                              "slower on a GPU (on a CPU, compiling takes minutes)")
+
+
+def check_vllm_settings(temperatures: dict[str, float]) -> None:
+    """Refuse, in one line, the sampling settings vLLM would refuse with a traceback later;
+    `temperatures`: config key -> value of every temperature the engine will be asked for."""
+    for key, value in temperatures.items():
+        if value > MAX_TEMPERATURE:
+            raise UserError(f"{key}={value} is above {MAX_TEMPERATURE:g}, the highest temperature vLLM samples at; "
+                            f"lower it or use rollout.engine=hf")
+
+
+def supported_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds an adapter of rank `rank`."""
+    for size in VLLM_LORA_RANKS:
+        if rank <= size:
+            return size
+    raise UserError(f"LoRA rank {rank} is larger than vLLM supports ({VLLM_LORA_RANKS[-1]}); "
+                    f"lower model.lora.rank or use rollout.engine=hf")
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def vllm_api() -> SimpleNamespace:
-    """vLLM's classes, imported on first use (vllm is optional and needs a GPU)."""
-    # Colocated: the engine core runs in this process, so weights are handed over by reference.
+    """vLLM's classes, imported on first use (vllm is optional)."""
+    # Colocated: the engine core runs in this process, so weights are handed over by reference
+    # (and a script that builds the engine at import time needs no `if __name__ == "__main__"`).
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams  # noqa: PLC0415 - optional dependency
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
+    from vllm.platforms import current_platform
 
-    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, TokensPrompt=TokensPrompt)
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, TokensPrompt=TokensPrompt,
+                           sleep_mode_available=current_platform.is_sleep_mode_available,
+                           platform=current_platform.device_type)
+
+
+def refusal_text(err: ValueError) -> str:
+    """One line from vLLM's refusal: pydantic's message of the first failed check, else the first line."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        try:
+            return " ".join(str(errors()[0]["msg"]).split())
+        except (TypeError, IndexError, KeyError):
+            pass
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def say_on_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def tensor_parallel_gather(size: int) -> Callable:
@@ -94,8 +167,42 @@ def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _load_into_worker(worker, weights):
-    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model."""
-    worker.model_runner.model.load_weights(weights=weights)
+    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model.
+    vLLM 0.32's workers reload in place (`reload_weights`), which also works where loading turned
+    the parameters into kernel formats that a second `load_weights` cannot read (its CPU build);
+    older workers take the weights through the model's own `load_weights`."""
+    reload = getattr(worker, "reload_weights", None)
+    if callable(reload):
+        reload(weights_iterator=iter(weights), is_checkpoint_format=True)
+        retie_output_head(served_model(worker.model_runner))
+    else:
+        served_model(worker.model_runner).load_weights(weights=weights)
+
+
+def retie_output_head(model) -> None:
+    """With tied embeddings vLLM's output head is the embedding tensor, never loaded by name, and
+    an in-place reload leaves the head (and, on CPU, the matmul weights packed from it) at the old
+    embedding: tie it to the new one and let the head prepare its kernels again."""
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return
+    head.tie_weights(embed)
+    head.quant_method.process_weights_after_loading(head)
+
+
+def served_model(model_runner):
+    """The model a vLLM model runner serves: `get_model()` unwraps what `.model` may hold (a
+    CUDA-graph or compile wrapper); runners without the accessor hold the model itself."""
+    get_model = getattr(model_runner, "get_model", None)
+    return get_model() if callable(get_model) else model_runner.model
+
+
+def _scheduler_config(llm):
+    """vLLM's scheduler settings (token budget per step, most requests at once), where it shows them."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return getattr(config, "scheduler_config", None)
 
 
 class VLLMEngine:
@@ -107,7 +214,8 @@ class VLLMEngine:
 
     def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
                  adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
-                 tp_gather: Callable | None = None, api: SimpleNamespace | None = None):
+                 tp_gather: Callable | None = None, api: SimpleNamespace | None = None,
+                 say: Callable[[str], None] = say_on_stderr):
         lora = lora_rank is not None
         if options.sleep_level == 2 and lora and options.sync == "adapter" and policy is not None:
             raise UserError("rollout.vllm.sleep_level=2 frees the base weights, which an adapter push does not "
@@ -115,6 +223,10 @@ class VLLMEngine:
         if policy is not None and scratch_dir is None and lora and options.sync == "adapter":
             raise ValueError("pushing a LoRA adapter needs a scratch folder")
         self.api = api or vllm_api()
+        if options.sleep_level and not self.api.sleep_mode_available():
+            say(f"rollout.vllm.sleep_level={options.sleep_level}: vLLM has no sleep mode on this platform "
+                f"({self.api.platform}), so it stays awake while the trainer updates")
+            options = replace(options, sleep_level=0)
         self.options, self.policy, self.scratch_dir = options, policy, scratch_dir
         self.push_adapter = lora and options.sync == "adapter" and policy is not None
         self.tp_gather = tp_gather
@@ -124,11 +236,19 @@ class VLLMEngine:
                       enable_sleep_mode=options.sleep_level > 0, logprobs_mode="processed_logprobs")
         if options.max_model_len:
             kwargs["max_model_len"] = options.max_model_len
+        if options.enforce_eager:
+            kwargs["enforce_eager"] = True
+        elif self.api.platform == "cpu":
+            say("vLLM compiles the model before its first batch, which takes minutes on a CPU; "
+                "rollout.vllm.enforce_eager=true starts in seconds")
         if processes > 1:  # colocated in every training process: vLLM joins the launcher's process group
             kwargs["distributed_executor_backend"] = "external_launcher"
         if self.push_adapter or adapter_path is not None:
             kwargs.update(enable_lora=True, max_lora_rank=supported_lora_rank(lora_rank or 1), max_loras=1)
-        self.llm = self.api.LLM(**kwargs)
+        try:
+            self.llm = self.api.LLM(**kwargs)
+        except ValueError as err:  # vLLM's own config checks (pydantic's ValidationError is a ValueError)
+            raise UserError(f"vLLM refused its settings: {refusal_text(err)}") from None
         self.lora_request = (self.api.LoRARequest("checkpoint", 1, str(Path(adapter_path).resolve()))
                              if adapter_path is not None else None)
         self.policy_version = 0  # optimizer steps seen
@@ -200,7 +320,7 @@ class VLLMEngine:
         if rpc is not None:
             rpc(_load_into_worker, args=(weights,))
         else:  # vLLM before collective_rpc
-            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights=weights)
+            served_model(self.llm.llm_engine.model_executor.driver_worker.model_runner).load_weights(weights=weights)
 
     def _share_with_tp_group(self, mine: list) -> tuple[list[list], int]:
         """With tensor parallelism every process of a group must submit the same prompts: pool
@@ -210,6 +330,29 @@ class VLLMEngine:
         return self.tp_gather(mine)
 
     def _generate_flat(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
+        return [sample for wave in self._waves(items) for sample in self._generate_wave(wave, settings)]
+
+    def _waves(self, items: list[tuple[tuple[int, ...], int]]) -> list[list]:
+        """The items in calls vLLM prefills whole. On CPU, vLLM 0.32 fails on a seeded request
+        whose prompt its scheduler splits over two steps ('CPU Generator does not use offset':
+        it rewinds the request's generator, which CPU generators cannot), and it splits a prompt
+        when a step's token budget runs out; so each call holds at most max_num_seqs requests and
+        prompts within the budget. One call elsewhere."""
+        scheduler = _scheduler_config(self.llm)
+        if self.api.platform != "cpu" or scheduler is None:
+            return [items] if items else []
+        budget, most = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+        waves, wave, used = [], [], 0
+        for item in items:
+            cost = len(item[0]) + 1  # its prompt, and a decode token for each request already running
+            if wave and (used + cost > budget or len(wave) == most):
+                waves.append(wave)
+                wave, used = [], 0
+            wave.append(item)
+            used += cost
+        return waves + ([wave] if wave else [])
+
+    def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
         prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in items]
         params = [api.SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,

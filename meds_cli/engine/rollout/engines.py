@@ -1,0 +1,146 @@
+"""The rollout-engine registry: one entry per engine, which training (`rollout.engine`) and
+`meds eval --backend` both read, so adding an engine touches this file and the engine's own module.
+
+An entry says whether the engine can run here, whether `auto` prefers it, which config settings
+it refuses (checked when the config loads), and how it is built for training (the policy it
+follows) and for eval (a fixed model, maybe with a checkpoint). `auto` is not an engine: it picks
+the first registered engine that prefers this machine, else `hf`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from meds_cli.core.errors import UserError, nearest
+from meds_cli.core.registry import Registry
+from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.sampling_engine import RolloutEngine
+from meds_cli.engine.rollout.vllm_engine import (VLLMEngine, check_vllm_settings, say_on_stderr, tensor_parallel_gather,
+                                                 vllm_available)
+
+AUTO = "auto"
+DEFAULT_ENGINE = "hf"
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """How one rollout engine is checked and built.
+
+    unavailable()  why it cannot run on this machine, or None when it can
+    preferred()    `auto` picks it here
+    check(cfg)     raises UserError for settings of the run config the engine would refuse
+    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=) -> RolloutEngine
+    for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
+    """
+
+    unavailable: Callable[[], str | None]
+    preferred: Callable[[], bool]
+    check: Callable[[object], None]
+    for_training: Callable[..., RolloutEngine]
+    for_eval: Callable[..., object]
+
+
+ROLLOUT_ENGINES: Registry[EngineKind] = Registry("rollout engine")
+
+
+def engine_names() -> list[str]:
+    """What rollout.engine and --backend accept."""
+    return [*ROLLOUT_ENGINES.names(), AUTO]
+
+
+def check_engine_name(name: str, key: str = "rollout.engine") -> None:
+    if name != AUTO and name not in ROLLOUT_ENGINES:
+        accepted = engine_names()
+        raise UserError(f"unknown {key} '{name}'{nearest(name, accepted)}; accepted: {', '.join(accepted)}")
+
+
+def resolve_engine(name: str, *, key: str = "rollout.engine") -> str:
+    """The registered engine `name` stands for, refused in one line where it cannot run."""
+    check_engine_name(name, key)
+    if name == AUTO:
+        for entry in ROLLOUT_ENGINES.entries():
+            if entry.obj.preferred() and entry.obj.unavailable() is None:
+                return entry.name
+        return DEFAULT_ENGINE
+    reason = ROLLOUT_ENGINES.get(name).unavailable()
+    if reason:
+        raise UserError(f"{key}={name} {reason}; use hf")
+    return name
+
+
+def check_engine_settings(cfg) -> None:
+    """Config-load check: the settings the chosen engine (for `auto`, the one it picks here) would
+    refuse. Whether the engine can run at all is asked when it is built, not here."""
+    name = cfg.rollout.engine
+    check_engine_name(name)
+    ROLLOUT_ENGINES.get(resolve_engine(AUTO) if name == AUTO else name).check(cfg)
+
+
+def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
+    """The rollout engine of `rollout.engine` for the training model `model` (unwrapped)."""
+    kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
+    return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank)
+
+
+def resolve_backend(name: str) -> str:
+    """The engine of --backend; 'auto' picks vLLM only where it can actually run."""
+    return resolve_engine(name, key="--backend")
+
+
+def make_backend(name: str, spec: ModelSpec, settings):
+    """The eval backend of --backend, with the model loaded."""
+    return ROLLOUT_ENGINES.get(resolve_backend(name)).for_eval(spec, settings)
+
+
+# ---------------------------------------------------------------- hf
+
+
+def _hf_for_training(cfg, model, tokenizer, **_) -> RolloutEngine:
+    return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+
+
+def _hf_for_eval(spec: ModelSpec, settings):
+    model, tokenizer = load_hf_policy(spec)
+    return HFBackend(model, tokenizer, settings)
+
+
+ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in this process")(EngineKind(
+    unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
+    for_training=_hf_for_training, for_eval=_hf_for_eval))
+
+
+# ---------------------------------------------------------------- vllm
+
+
+def _vllm_unavailable() -> str | None:
+    if not vllm_available():
+        return ("needs the vllm package, which is not installed (GPU: pip install -e '.[vllm]'; "
+                "CPU: make setup-vllm, then .venv-vllm)")
+    return None
+
+
+def _vllm_check(cfg) -> None:
+    check_vllm_settings({"rollout.temperature": cfg.rollout.temperature, "eval.temperature": cfg.eval.temperature})
+
+
+def _vllm_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0):
+    from meds_cli.engine.model_io.model import TINY, resolve_model
+
+    if cfg.model.name == TINY:
+        raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
+    options = cfg.rollout.vllm
+    tp = options.tensor_parallel_size
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    # The processes of one tensor-parallel group run one engine between them: one seed per group.
+    return VLLMEngine(resolve_model(cfg.model.name), options=options, seed=cfg.train.seed + rank // tp, policy=model,
+                      lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else None, scratch_dir=scratch_dir,
+                      processes=processes, tp_gather=tensor_parallel_gather(tp) if tp > 1 else None,
+                      say=say_on_stderr if rank == 0 else (lambda text: None))
+
+
+ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent the policy after each update")(
+    EngineKind(unavailable=_vllm_unavailable, preferred=cuda_available, check=_vllm_check,
+               for_training=_vllm_for_training, for_eval=VLLMBackend))
