@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generation import GenerationSettings  # noqa: E402
+from benchmarks.harness import EvalSettings, evaluate, load_benchmarks  # noqa: E402
 from meds_cli.engine.rollout.engines import make_backend  # noqa: E402
 from meds_cli.engine.rollout.eval_backends import ModelSpec  # noqa: E402
-from benchmarks.harness import EvalSettings, evaluate, load_benchmarks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

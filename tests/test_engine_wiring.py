@@ -57,8 +57,9 @@ def test_hf_engine_logprobs_agree_with_the_trainer_and_the_gap_is_logged(tmp_pat
 
 
 def _update_loss(tmp_path, correction: str) -> float:
-    cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "algo.name=grpo", "grpo.loss_agg=token-mean",
-                      f"rollout.is_correction={correction}", "rollout.tis_cap=1.5", output_dir=tmp_path / correction)
+    cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "algo.name=grpo",
+                      "grpo.loss_agg=token-mean", f"rollout.is_correction={correction}", "rollout.tis_cap=1.5",
+                      output_dir=tmp_path / correction)
     trainer = Trainer(cfg, tmp_path / correction)
     torch.manual_seed(7)
     batch, _, _ = trainer.collect({"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0})

@@ -9,11 +9,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from benchmarks.answer_extraction import answer_key
+from benchmarks.passk import maj_at_k, pass_at_k
+from meds_cli.app import app
 from meds_cli.engine.rollout import eval_backends
 from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
-from benchmarks.passk import maj_at_k, pass_at_k
-from benchmarks.answer_extraction import answer_key
-from meds_cli.app import app
 from tests.conftest import needs_embedded, tiny_config
 
 runner = CliRunner()
@@ -80,7 +80,8 @@ def test_eval_writes_results_samples_and_plot(tiny_eval):
     samples = [json.loads(line) for line in (tiny_eval / "samples.jsonl").read_text().splitlines()]
     assert (tiny_eval / "pass_at_k.png").stat().st_size > 1000
     assert len(samples) == 3 * 4
-    assert {(s["problem_id"], s["sample"]) for s in samples} == {(f"math500/{i}", j) for i in range(3) for j in range(4)}
+    assert ({(s["problem_id"], s["sample"]) for s in samples}
+            == {(f"math500/{i}", j) for i in range(3) for j in range(4)})
     for s in samples:
         assert {"response", "extracted", "correct", "outcome", "length", "truncated"} <= set(s)
     scores = results["benchmarks"]["math500"]

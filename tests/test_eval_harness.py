@@ -11,15 +11,23 @@ from pathlib import Path
 import pytest
 
 from benchmarks.generation import Generated, Request
-from meds_cli.engine.rollout.engines import resolve_backend
-from benchmarks.harness import (SAMPLES_FILE, EvalSettings, SampleStore, average_scores, check_state, evaluate,
-                                problem_seed, score_benchmark)
-from benchmarks.prompts import code_prompt_text, problem_prompt
+from benchmarks.harness import (
+    SAMPLES_FILE,
+    EvalSettings,
+    SampleStore,
+    average_scores,
+    check_state,
+    evaluate,
+    problem_seed,
+    score_benchmark,
+)
 from benchmarks.math_benchmarks import grade_math
 from benchmarks.passk import pass_at_k
+from benchmarks.prompts import code_prompt_text, problem_prompt
 from benchmarks.registry import Benchmark
-from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem, Verdict
+from meds_cli.engine.rollout.engines import resolve_backend
 
 
 def exact_grade(pairs):
@@ -100,14 +108,16 @@ def test_prompts_math_boxed_and_code():
 
 def rows(correct, extracted, lengths=None, truncated=None, outcome=None):
     n = len(correct)
-    return [{"correct": c, "extracted": e, "length": (lengths or [10] * n)[i], "truncated": (truncated or [False] * n)[i],
+    return [{"correct": c, "extracted": e, "length": (lengths or [10] * n)[i],
+             "truncated": (truncated or [False] * n)[i],
              "outcome": (outcome or ["correct" if c else "wrong" for c in correct])[i]}
             for i, (c, e) in enumerate(zip(correct, extracted))]
 
 
 def test_score_benchmark_by_hand():
     # problem A: 1 of 4 correct; problem B: 2 of 4 correct, but the majority answer (7) is wrong.
-    a = rows([True, False, False, False], ["1", "2", "3", None], lengths=[4, 8, 12, 16], truncated=[False, False, False, True])
+    a = rows([True, False, False, False], ["1", "2", "3", None], lengths=[4, 8, 12, 16],
+             truncated=[False, False, False, True])
     b = rows([False, True, True, False], ["7", "5", "5", "7"], outcome=["timeout", "correct", "correct", "wrong"])
     scores = score_benchmark("math", [a, b], [1, 2, 4])
     # pass@1 = mean(1/4, 2/4); pass@2: A = 1 - C(3,2)/C(4,2) = 1/2, B = 1 - C(2,2)/C(4,2) = 5/6

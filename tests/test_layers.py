@@ -9,8 +9,8 @@ in a cycle (an import inside a function does not break a cycle, it only hides it
 
 Inside the engine, the rooms (meds_cli/engine/__init__.py) import one way: model_io imports no
 room, training imports model_io, rollout imports model_io and run_folders, run_folders
-imports training and config; config reads the rooms' constants (rollout's engine registry too); the trainer and export join
-the rooms, and nothing in a room imports them.
+imports training and config; config reads the rooms' constants (rollout's engine registry too);
+the trainer and export join the rooms, and nothing in a room imports them.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def graph():
 
 
 def test_every_import_follows_the_layers(graph):
-    assert graph["meds_cli.engine.training.update"] >= {"algorithms.policy_loss", "meds_cli.engine.training.sharding"}  # the parser sees imports
+    # the parser sees imports
+    assert graph["meds_cli.engine.training.update"] >= {"algorithms.policy_loss", "meds_cli.engine.training.sharding"}
     assert violations(graph) == []
 
 

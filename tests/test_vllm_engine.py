@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from meds_cli.core.errors import UserError
 from meds_cli.engine.config import LoraConfig, VLLMConfig, load_config
+from meds_cli.engine.model_io.model import apply_lora
+from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.engines import resolve_engine
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
 from meds_cli.engine.rollout.vllm_engine import VLLMEngine, merged_weights, supported_lora_rank, vllm_available
-from meds_cli.core.errors import UserError
-from meds_cli.engine.model_io.model import apply_lora
-from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
 STOP = 99
 
@@ -334,8 +334,8 @@ def test_engine_choice():
 
 def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_ids(tmp_path):
     from benchmarks.generation import GenerationSettings, Request
-    from meds_cli.engine.rollout.eval_backends import ModelSpec, VLLMBackend, sample_seeds
     from meds_cli.engine.model_io.tiny import tiny_tokenizer
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, VLLMBackend, sample_seeds
 
     model_dir = tmp_path / "model"
     tokenizer = tiny_tokenizer()

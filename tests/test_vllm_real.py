@@ -151,8 +151,9 @@ def test_without_the_sync_the_mismatch_grows(tmp_path, random_model, reward_file
 @pytest.mark.parametrize("temperature", [0.6, 1.0, 1.3])
 def test_sampler_logprobs_equal_the_trainers_to_float32_rounding(temperature, smollm2_engine):
     engine, model, tokenizer = smollm2_engine
-    cfg = load_config(overrides=["model.name=smollm2-135m", "task.name=arithmetic", f"rollout.temperature={temperature}",
-                                 "rollout.top_p=1.0", "rollout.max_new_tokens=24"])
+    cfg = load_config(overrides=["model.name=smollm2-135m", "task.name=arithmetic",
+                                 f"rollout.temperature={temperature}", "rollout.top_p=1.0",
+                                 "rollout.max_new_tokens=24"])
     task = build_task(cfg.task, 0)
     problems = task.train[:4]
     torch.manual_seed(1)
@@ -184,7 +185,8 @@ def invoke(*args):
 
 def test_a_resumed_run_sends_its_checkpoint_to_vllm(tmp_path, random_model, reward_file):
     run = tmp_path / "run"
-    sets = [a for s in run_settings(random_model, reward_file, "grpo", "train.checkpoint_every=2") for a in ("--set", s)]
+    settings = run_settings(random_model, reward_file, "grpo", "train.checkpoint_every=2")
+    sets = [a for s in settings for a in ("--set", s)]
     result = invoke("train", *sets, "--steps", "2", "--output", run, "-q")
     assert result.exit_code == 0, result.output
     result = invoke("train", "--resume", run, "--steps", "3", "-q")

@@ -12,15 +12,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from benchmarks.generation import GenerationSettings
-from meds_cli.engine.rollout.engines import make_backend, resolve_backend
-from meds_cli.engine.rollout.eval_backends import ModelSpec
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
+from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
-from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.core.errors import UserError
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
-from meds_cli.core.errors import UserError
+from meds_cli.engine.rollout.engines import make_backend, resolve_backend
+from meds_cli.engine.rollout.eval_backends import ModelSpec
+from meds_cli.engine.run_folders import run_dir as runs
 
 # What a run is evaluated on by default, by its task (any other task: its held-out split).
 RUN_BENCHMARKS = {"math": "math500"}
@@ -101,7 +101,8 @@ def settings_from_options(benchmarks: str | None, *, data_dir: Path | None, **op
         raise UserError(f"--data-dir '{data_dir}' is not a folder; it must hold <benchmark>/test.jsonl files")
     settings = EvalSettings(names, data_dir=str(data_dir) if data_dir else None, **options)
     length = MODEL_MAX_NEW_TOKENS if settings.max_new_tokens is None else settings.max_new_tokens
-    replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names, max_new_tokens=length).validate()
+    replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names,
+            max_new_tokens=length).validate()
     return settings
 
 
@@ -180,7 +181,9 @@ def choose_prompt(requested: str, run_style: str | None, has_chat_template: bool
         return requested, "--prompt"
     if run_style is not None:
         return run_style, "the run's task.prompt_style"
-    return ("chat", "the model has a chat template") if has_chat_template else ("boxed", "the model has no chat template")
+    if has_chat_template:
+        return "chat", "the model has a chat template"
+    return "boxed", "the model has no chat template"
 
 
 def prompt_warning(document: dict, share: float = 0.5) -> str | None:

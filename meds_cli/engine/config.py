@@ -66,21 +66,29 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = doc("arithmetic", "training task (see `meds list`)")
-    path: str = doc("", "math task: JSON/JSONL/Parquet file or hub dataset name; code tasks: a data folder with <benchmark>/test.jsonl (empty: the hub)")
+    path: str = doc("", "math task: JSON/JSONL/Parquet file or hub dataset name; code tasks: a data folder with "
+                    "<benchmark>/test.jsonl (empty: the hub)")
     subset: str = doc("", "math task from the hub: the dataset's subset (its config name)")
     split: str = doc("train", "math task from the hub: the split to train on")
     revision: str = doc("", "math task from the hub: the commit, tag or branch the data is pinned to")
-    columns: dict = doc({}, "math task: the dataset column of each task field, e.g. {problem: question, answer: final_answer}")
-    system_prompt: str = doc("", "a system message before every prompt (chat style; in boxed style, a line before the prompt)")
-    chat_template_kwargs: dict = doc({}, "extra arguments of the chat template, e.g. {enable_thinking: false} for Qwen3")
-    max_prompt_tokens: int = doc(0, "leave out problems whose prompt has more tokens than this (0: keep all)", at_least(0))
-    prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the same inside the model's chat template")
+    columns: dict = doc({}, "math task: the dataset column of each task field, e.g. "
+                        "{problem: question, answer: final_answer}")
+    system_prompt: str = doc("", "a system message before every prompt (chat style; in boxed style, a line before "
+                             "the prompt)")
+    chat_template_kwargs: dict = doc({}, "extra arguments of the chat template, e.g. {enable_thinking: false} "
+                                     "for Qwen3")
+    max_prompt_tokens: int = doc(0, "leave out problems whose prompt has more tokens than this (0: keep all)",
+                                 at_least(0))
+    prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the "
+                               "same inside the model's chat template")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
     train_size: int = doc(2000, "arithmetic: number of training problems", at_least(1))
     eval_size: int = doc(64, "held-out problems for evaluation (0: every problem is trained on)", at_least(0))
-    answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"], "where the final answer is read from")
-    code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, or the share of tests passed")
+    answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"],
+                                "where the final answer is read from")
+    code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, "
+                              "or the share of tests passed")
 
     def validate(self, prefix: str) -> None:
         unknown = [op for op in self.operations if op not in OPERATIONS]
@@ -95,7 +103,8 @@ class TaskConfig:
 class RewardConfig:
     correct: float = doc(1.0, "reward of a correct response", FINITE)
     wrong: float = doc(0.0, "reward of a wrong response (algorithms.md allows -1)", FINITE)
-    functions: str | list[str] = doc([], "your own reward functions, path/to/file.py:name or a list of them; each is a reward channel")
+    functions: str | list[str] = doc([], "your own reward functions, path/to/file.py:name or a list of them; "
+                                     "each is a reward channel")
     function_weights: list[float] = doc([], "the weight of each reward function (default: 1 each)")
     function_timeout_s: float = doc(1800.0, "seconds one call of a reward function may take before the run stops with "
                                              "a line naming it (0: no limit)", FINITE_NON_NEGATIVE)
@@ -110,7 +119,8 @@ class RewardConfig:
 class RolloutConfig:
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
-    temperature: float = doc(1.0, "sampling temperature", greater_than(0, "training samples; greedy decoding gives a group no spread"))
+    temperature: float = doc(1.0, "sampling temperature",
+                             greater_than(0, "training samples; greedy decoding gives a group no spread"))
     top_p: float = doc(1.0, "nucleus sampling threshold", UNIT_INTERVAL)
     max_new_tokens: int = doc(64, "response length limit; longer responses are truncated", at_least(1))
     min_new_tokens: int = doc(0, "stop tokens are held back before this many tokens (min = max forces equal lengths, "
@@ -137,7 +147,8 @@ class RolloutConfig:
 class OptimConfig:
     lr: float = doc(1e-5, "peak learning rate (paper: 1e-6 for full models)", FINITE_POSITIVE)
     weight_decay: float = doc(0.1, "AdamW weight decay", FINITE_NON_NEGATIVE)
-    betas: list[float] = doc([0.9, 0.999], "AdamW betas", Check(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"))
+    betas: list[float] = doc([0.9, 0.999], "AdamW betas",
+                             Check(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1)"))
     grad_clip: float = doc(1.0, "max gradient norm (0 disables)", FINITE_NON_NEGATIVE)
     warmup_steps: int = doc(10, "linear warm-up, in optimizer steps", at_least(0))
     schedule: str = choice("constant", ["constant", "cosine", "linear"], "decay after warm-up")
@@ -158,18 +169,22 @@ class TrainConfig:
                            "optimizer state split over processes (torch fully_shard)")
     logprob_chunk_tokens: int = doc(1024, "tokens whose logits [n, vocab] exist at once when log-probs are taken",
                                     at_least(1))
-    share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once and copy "
-                              "its keys and values to the rows of its group (gradients flow back through the copies): "
-                              "the same numbers up to rounding; not used with gradient_checkpointing or fsdp2")
+    share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once and "
+                              "copy its keys and values to the rows of its group (gradients flow back through the "
+                              "copies): the same numbers up to rounding; not used with gradient_checkpointing or fsdp2")
     scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
                                "own forward gives the same old log-probs; always: run it")
-    checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)", at_least(0))
-    keep_checkpoints: int = doc(3, "complete checkpoints kept, the newest ones (0: all); the newest is never deleted", at_least(0))
+    checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)",
+                                at_least(0))
+    keep_checkpoints: int = doc(3, "complete checkpoints kept, the newest ones (0: all); the newest is never deleted",
+                                at_least(0))
     output_dir: str = doc("", "the run folder; empty: runs/<time>-<algo>-<tag>")
     runs_root: str = doc("runs", "where new run folders are created")
     tag: str = doc("", "suffix of the run folder name")
-    report_to: str | list[str] = doc("none", "experiment trackers: none, tensorboard, wandb, trackio, mlflow, or a list of them")
-    log_samples_every: int = doc(0, "write a few prompts with their responses to RUN/samples/step_N.jsonl every N steps (0: never)", at_least(0))
+    report_to: str | list[str] = doc("none", "experiment trackers: none, tensorboard, wandb, trackio, mlflow, "
+                                     "or a list of them")
+    log_samples_every: int = doc(0, "write a few prompts with their responses to RUN/samples/step_N.jsonl "
+                                 "every N steps (0: never)", at_least(0))
     log_samples_prompts: int = doc(2, "prompts (groups of responses) in each samples log", at_least(1))
 
     def validate(self, prefix: str) -> None:
@@ -277,7 +292,8 @@ def build(cls, data: dict | None, prefix: str = ""):
         value = _coerce(value, tp, key)
         options = fields[name].metadata.get("choices")
         if options and value not in options:
-            raise UserError(f"config key '{key}' has value {value!r}{nearest(value, options)}; accepted: {', '.join(options)}")
+            raise UserError(f"config key '{key}' has value {value!r}{nearest(value, options)}; "
+                            f"accepted: {', '.join(options)}")
         kwargs[name] = value
     return cls(**kwargs)
 

@@ -1,6 +1,6 @@
 """Generation of rollouts: samples from the rollout engine (meds_cli/engine/rollout/sampling_engine.py:
-`hf` or `vllm`, built by meds_cli/engine/rollout/engines.py) laid out as a Rollouts batch (meds_cli/core/rollouts.py). The forward pass that
-scores them is in meds_cli/engine/training/scoring.py.
+`hf` or `vllm`, built by meds_cli/engine/rollout/engines.py) laid out as a Rollouts batch
+(meds_cli/core/rollouts.py). The forward pass that scores them is in meds_cli/engine/training/scoring.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,13 @@ from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.sampling_engine import RolloutEngine, Sample, SampleRequest, SamplingSettings, stop_token_ids
-
+from meds_cli.engine.rollout.sampling_engine import (
+    RolloutEngine,
+    Sample,
+    SampleRequest,
+    SamplingSettings,
+    stop_token_ids,
+)
 
 # ---------------------------------------------------------------- generation
 

@@ -18,8 +18,13 @@ from meds_cli.core.registry import Registry
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine
-from meds_cli.engine.rollout.vllm_engine import (VLLMEngine, check_vllm_settings, say_on_stderr, tensor_parallel_gather,
-                                                 vllm_available)
+from meds_cli.engine.rollout.vllm_engine import (
+    VLLMEngine,
+    check_vllm_settings,
+    say_on_stderr,
+    tensor_parallel_gather,
+    vllm_available,
+)
 
 AUTO = "auto"
 DEFAULT_ENGINE = "hf"

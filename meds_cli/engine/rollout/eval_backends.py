@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.generation import Backend, GenerationSettings, Generated, Request
+from benchmarks.generation import Generated, GenerationSettings, Request
 from meds_cli.core.errors import UserError
 from meds_cli.engine.rollout.batch import decode_responses, sample_requests
 from meds_cli.engine.rollout.hf_sampler import HFEngine
@@ -120,7 +120,8 @@ def sample_seeds(seed: int, n: int) -> tuple[int, ...]:
     return tuple((seed * 1_000_003 + j) % 2**63 for j in range(n))
 
 
-def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request], settings: GenerationSettings) -> list[Generated]:
+def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request],
+                  settings: GenerationSettings) -> list[Generated]:
     """The harness's requests through a rollout engine."""
     stops = stop_token_ids(tokenizer)
     sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops)
