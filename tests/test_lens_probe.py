@@ -7,14 +7,14 @@ import torch
 
 from algorithms.meds import ANCHOR_INDEX, ANCHOR_KIND, FEATURES
 from algorithms.meds_features import lens_logits
-from meds_cli.core.forward import LensProbe, decoder_layers, output_head
+from meds_cli.core.forward import LensProbe, decoder_layers, output_head, position_ids_for
 from meds_cli.core.records import Problem
 from meds_cli.engine.rollout.batch import rollouts_from_samples, sample_rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import Sample, SamplingSettings, stop_token_ids
 from meds_cli.engine.trainer import Trainer
 from meds_cli.engine.training.algorithm_setup import build_algorithm
-from meds_cli.engine.training.scoring import position_ids_for, score_rollouts
+from meds_cli.engine.training.scoring import score_rollouts
 from tests.conftest import tiny_config
 from tests.float64 import assert_equal_in_float64, float64_norms
 from tests.tiny_policy import lora_policy

@@ -91,6 +91,12 @@ def output_head(model):
     return norm, inner.get_output_embeddings()
 
 
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as generate() computes them (the decode loop's prefill
+    and the scoring forwards both use them, so a token sits at the same position in each)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def decoder_layers(model):
     """The decoder layers of a causal LM (`model.model.layers` in Llama, Qwen2, Mistral, Gemma),
     through peft and DDP wrappers, or None where the model is laid out otherwise."""

@@ -21,10 +21,10 @@ from typing import Sequence
 
 import torch
 
-from meds_cli.core.forward import cache_keyword, output_cache
+from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
 
 def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float,
@@ -138,7 +138,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
         if request.prompt_ids:
             ids[i, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
             mask[i, width - len(request.prompt_ids):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids_for(mask)
     ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
     keyword = cache_keyword(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
@@ -195,11 +195,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     samples = [Sample(tokens_out[i, :lengths[i]].tolist(), stopped[i], logp_out[i, :lengths[i]].tolist(),
                       lens_out[i, :lengths[i]].clone() if lens_out is not None else None)
                for i in range(total)]
-    grouped, start = [], 0
-    for request in requests:
-        grouped.append(samples[start:start + request.n])
-        start += request.n
-    return grouped
+    return split_by_request(requests, samples)
 
 
 def batches_of(requests: Sequence[SampleRequest], rows: int) -> list[list[SampleRequest]]:
@@ -242,7 +238,8 @@ class HFEngine:
                     out.extend(decode(self.model, batch, settings, self.pad_id))
         finally:
             self.model.train(was_training)
-        return _regroup(requests, out)
+        # undo the splitting of batches_of: the samples of each request, in seed order
+        return split_by_request(requests, [sample for part in out for sample in part])
 
     def policy_updated(self) -> None:
         pass
@@ -250,12 +247,3 @@ class HFEngine:
     def release(self) -> None:
         pass
 
-
-def _regroup(requests: Sequence[SampleRequest], parts: list[list[Sample]]) -> list[list[Sample]]:
-    """Undo the splitting of batches_of: the samples of each request, in seed order."""
-    flat = [sample for part in parts for sample in part]
-    out, start = [], 0
-    for request in requests:
-        out.append(flat[start:start + request.n])
-        start += request.n
-    return out

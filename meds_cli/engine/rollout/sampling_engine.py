@@ -39,6 +39,16 @@ class SampleRequest:
         return len(self.seeds)
 
 
+def split_by_request(requests: Sequence[SampleRequest], flat: list) -> list[list]:
+    """`flat`, one item per sample with the requests' samples in order, as one list per request
+    (the shape engines return: the samples of requests[i] at [i], in seed order)."""
+    out, start = [], 0
+    for request in requests:
+        out.append(flat[start:start + request.n])
+        start += request.n
+    return out
+
+
 @dataclass
 class Sample:
     token_ids: list[int]  # the response, its stop token included when it stopped

@@ -40,7 +40,7 @@ import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses a higher temperature
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
@@ -274,12 +274,7 @@ class VLLMEngine:
         everyone, index = self._share_with_tp_group(mine)
         flat = self._generate_flat([item for part in everyone for item in part], settings)
         start = sum(len(part) for part in everyone[:index])
-        flat = flat[start:start + len(mine)]
-        out, at = [], 0
-        for request in requests:
-            out.append(flat[at:at + request.n])
-            at += request.n
-        return out
+        return split_by_request(requests, flat[start:start + len(mine)])
 
     # ---------------------------------------------------------------- internals
 

@@ -16,16 +16,18 @@ from typing import Callable
 
 import torch
 
-from meds_cli.core.forward import ForwardView, cache_keyword, full_precision, output_cache, output_head
+from meds_cli.core.forward import (
+    ForwardView,
+    cache_keyword,
+    full_precision,
+    output_cache,
+    output_head,
+    position_ids_for,
+)
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 
 SCORING_SETTINGS = ["auto", "always"]
-
-
-def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as generate() computes them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def scoring_temperature(rollout_temperature: float) -> float:
