@@ -228,18 +228,21 @@ def ablate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
     """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
+    from benchmarks.harness import EvalSettings
     from meds_cli.commands.ablate import dry_run as show_plan
     from meds_cli.commands.ablate import make_plan, run_ablation
-    from meds_cli.commands.ablate_eval import EvalOptions
+    from meds_cli.commands.eval import HELDOUT
 
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                      layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
     if dry_run:
         show_plan(plan, err, probe=estimate)
         return
-    options = EvalOptions([b.strip() for b in benchmarks.split(",") if b.strip()], k=k, n=n, limit=limit,
-                          data_dir=str(data_dir) if data_dir else None, temperature=temperature)
-    run_ablation(plan, options, console=err, quiet=quiet, argv=sys.argv)
+    names = [b.strip() for b in benchmarks.split(",") if b.strip()]
+    # each variant is evaluated at its own response length, with the prompt style it trained with
+    settings = EvalSettings(names, k=k, n=n, limit=limit, data_dir=str(data_dir) if data_dir else None,
+                            temperature=temperature, prompt="auto", backend="hf" if names == [HELDOUT] else "auto")
+    run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv)
 
 
 command("export", doing="write the export")(export_command)

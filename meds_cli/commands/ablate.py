@@ -211,17 +211,17 @@ def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> N
         raise KeyboardInterrupt
 
 
-def run_ablation(plan: Plan, eval_options, *, console, quiet: bool = False, argv=()) -> dict:
+def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=()) -> dict:
     """Train and evaluate every variant not finished yet, then write the report."""
-    from meds_cli.commands.ablate_eval import evaluate_variant, results_path
+    from meds_cli.commands.ablate_eval import evaluate_variant, results_path, variant_settings
     from meds_cli.commands.ablate_report import write_report
 
-    eval_options.settings(1)  # a bad --k / --benchmarks fails before the first variant trains
+    variant_settings(eval_settings, 1)  # a bad --k / --benchmarks fails before the first variant trains
     claim_folder(plan)
     console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
-        if results_path(run_dir, eval_options, plan.steps).is_file():
+        if results_path(run_dir, eval_settings, plan.steps).is_file():
             console.print(f"[{i}/{len(plan.variants)}] {variant.name}: finished, skipped")
             continue
         console.print(f"[{i}/{len(plan.variants)}] [bold]{variant.name}[/]: {', '.join(variant_sets(variant))}")
@@ -231,8 +231,8 @@ def run_ablation(plan: Plan, eval_options, *, console, quiet: bool = False, argv
             console.print(f"[yellow]stopped[/] in {variant.name}; "
                           f"run the same command with --output {plan.folder} to continue")
             raise
-        evaluate_variant(run_dir, eval_options, console)
-    return write_report(plan.folder, plan.variants, eval_options, console)
+        evaluate_variant(run_dir, eval_settings, console)
+    return write_report(plan.folder, plan.variants, eval_settings, console)
 
 
 # ---------------------------------------------------------------- dry run

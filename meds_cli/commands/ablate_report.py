@@ -242,7 +242,7 @@ def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
 
 
 
-def write_report(folder: Path, variants, eval_options, console) -> dict:
+def write_report(folder: Path, variants, eval_settings, console) -> dict:
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.engine.config import load_config
 
@@ -250,7 +250,7 @@ def write_report(folder: Path, variants, eval_options, console) -> dict:
     for v in variants:
         run_dir = folder / v.name
         steps = load_config([str(run_dir / "config.yaml")]).train.steps
-        paths[v.name] = results_path(run_dir, eval_options, steps)
+        paths[v.name] = results_path(run_dir, eval_settings, steps)
         results[v.name] = variant_result(run_dir, paths[v.name])
     rows = aggregate(variants, results)
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
