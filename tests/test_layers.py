@@ -165,11 +165,18 @@ def test_engine_rooms_import_one_way(graph):
         assert doc and "import" in doc
 
 
-def test_the_room_check_catches_a_wrong_way_import(graph):
+def with_imports(graph: dict[str, set[str]], *edges: tuple[str, str]) -> dict[str, set[str]]:
+    """A copy of the import graph with the extra imports (importer, imported) added."""
     bad = {k: set(v) for k, v in graph.items()}
-    bad["meds_cli.engine.training.update"].add("meds_cli.engine.rollout.hf_sampler")
-    bad["meds_cli.engine.model_io.model"].add("meds_cli.engine.config")
-    bad["meds_cli.engine.run_folders.checkpoints"].add("meds_cli.engine.trainer")
+    for src, dst in edges:
+        bad[src].add(dst)
+    return bad
+
+
+def test_the_room_check_catches_a_wrong_way_import(graph):
+    bad = with_imports(graph, ("meds_cli.engine.training.update", "meds_cli.engine.rollout.hf_sampler"),
+                       ("meds_cli.engine.model_io.model", "meds_cli.engine.config"),
+                       ("meds_cli.engine.run_folders.checkpoints", "meds_cli.engine.trainer"))
     assert room_violations(bad) == [
         "meds_cli.engine.model_io.model (model_io) imports meds_cli.engine.config (config)",
         "meds_cli.engine.run_folders.checkpoints (run_folders) imports meds_cli.engine.trainer (top)",
@@ -182,10 +189,9 @@ def test_no_import_cycles(graph):
 
 
 def test_the_checks_catch_a_bad_import(graph):
-    bad = {k: set(v) for k, v in graph.items()}
-    bad["meds_cli.core.records"].add("meds_cli.engine.config")
-    bad["algorithms.dapo"].add("meds_cli.engine.rollout.batch")
-    bad["meds_cli.engine.trainer"].add("meds_cli.commands.train")
+    bad = with_imports(graph, ("meds_cli.core.records", "meds_cli.engine.config"),
+                       ("algorithms.dapo", "meds_cli.engine.rollout.batch"),
+                       ("meds_cli.engine.trainer", "meds_cli.commands.train"))
     assert violations(bad) == [
         "algorithms.dapo (plugins) imports meds_cli.engine.rollout.batch (engine)",
         "meds_cli.core.records (core) imports meds_cli.engine.config (engine)",
