@@ -1,4 +1,4 @@
-"""Forwards that run each distinct prompt once (`train.share_prompts`, engine/scoring.py) give the
+"""Forwards that run each distinct prompt once (`train.share_prompts`, engine/training/scoring.py) give the
 log-probs, entropy and LoRA gradients of forwards that run every row whole, and whole runs agree."""
 
 import pytest

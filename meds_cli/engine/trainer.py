@@ -2,7 +2,7 @@
 
 Accelerate owns devices, mixed precision and process groups; peft owns the adapter. The loop
 calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs. The
-scoring pass is engine/scoring.py, the update engine/update.py, sharding engine/sharding.py.
+scoring pass is engine/training/scoring.py, the update engine/training/update.py, sharding engine/training/sharding.py.
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of
@@ -178,7 +178,7 @@ class Trainer:
         return batch
 
     def _score(self, batch: Rollouts, timing: dict) -> None:
-        """The no-grad scoring pass (engine/scoring.py) over `batch`, the algorithm watching."""
+        """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching."""
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()

@@ -11,7 +11,7 @@ generate's general machinery costs time that this shape does not need. The loop 
     instead of three), restoring the original weight tensors afterwards, untouched.
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
-when the settings carry a LensProbe, each token's logit-lens values (engine/lens_probe.py).
+when the settings carry a LensProbe, each token's logit-lens values (engine/rollout/lens_probe.py).
 """
 
 from __future__ import annotations

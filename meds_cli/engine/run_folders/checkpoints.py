@@ -91,7 +91,7 @@ def save_checkpoint(run: RunIdentity, state: TrainingState) -> Path:
     final = checkpoint_path(run_dir, step)
     acc.wait_for_everyone()
     try:
-        # Every process: under FSDP2 the full tensors are gathered from the shards (engine/sharding.py).
+        # Every process: under FSDP2 the full tensors are gathered from the shards (engine/training/sharding.py).
         trainable = sharding.trainable_state(state.model, sharded, main=main)
         optimizer_state = sharding.optimizer_state(state.model, state.policy.optimizer, sharded, main=main)
         if main:

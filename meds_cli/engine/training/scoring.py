@@ -5,7 +5,7 @@ Log-probs and entropy are those of softmax(logits / T) with T the rollout temper
 distribution the responses were sampled from, so the PPO ratio, the KL and the entropy refer to
 it (verl scales the same way); greedy rollouts (T = 0) are scored at T = 1. The model's own head
 runs on the last position only; the final hidden states of the response positions go through
-the output head in chunks (engine/logprobs.py), so no [b, R, V] logit tensor is held whole.
+the output head in chunks (engine/training/logprobs.py), so no [b, R, V] logit tensor is held whole.
 
 Which rows the scoring pass covers is decided once per run by `scoring_pass`.
 """

@@ -36,7 +36,7 @@ SHARDINGS = ["none", "fsdp2"]
 
 def make_accelerator(train_cfg, **extra):
     """The run's Accelerator: mixed precision from the config when set, else from the launch
-    (engine/precision.py); the setup is checked by the trainer (check_distributed_setup).
+    (engine/training/precision.py); the setup is checked by the trainer (check_distributed_setup).
     `extra` goes to Accelerator as it is (the trackers of train.report_to)."""
     from accelerate import Accelerator
 

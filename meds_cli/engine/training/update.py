@@ -7,7 +7,7 @@ processes, so any number of processes and any micro-batch size make the update o
 with the whole mini-batch. Under DDP gradients are all-reduced on the last micro-batch only; under
 FSDP2 they are reduce-scattered after every micro-batch (no process ever holds a full gradient).
 Launches that would step differently (DeepSpeed, Accelerate's FSDP plugin, Accelerate's own
-accumulation) are refused before the model loads (engine/sharding.py).
+accumulation) are refused before the model loads (engine/training/sharding.py).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None])
 def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSettings, acc, engine) -> dict:
     """PPO epochs x mini-batches of optimizer steps on `batch`; returns the update's metrics.
 
-    Without a scoring pass (batch.old_logp is None: one optimizer step per batch, engine/scoring.py)
+    Without a scoring pass (batch.old_logp is None: one optimizer step per batch, engine/training/scoring.py)
     the old log-probs are this forward's own, detached: they fill batch.old_logp, and its entropy
     batch.entropy. The rollout engine is released for the update (vLLM sleeps) and told of every
     optimizer step."""
