@@ -18,7 +18,7 @@ from rich.table import Table
 from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
 from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.core.errors import UserError
-from meds_cli.core.files import replace_figure, replace_text
+from meds_cli.core.files import output_folder, replace_figure, replace_text
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
@@ -190,20 +190,21 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
                         f"got {len(targets)}")
     labelled = _unique_labels([load_results(t) for t in targets])
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    folder.mkdir(parents=True, exist_ok=True)
     console.print(comparison_table(labelled))
-    plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
-    summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
-                         for (label, doc), t in zip(labelled, targets)]}
-    paired = paired_against_first(labelled, targets, console)
-    if paired:
-        summary["paired"] = paired
-        written = write_paired(paired, folder)
-        (folder / "summary.md").write_text(f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
-                                           + paired_markdown(paired))
-        console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  "
-                      f"summary: {folder / 'summary.md'}")
-    (folder / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # a write that fails (full disk, read-only place) removes the folder this command created
+    with output_folder(folder):
+        plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
+        summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
+                             for (label, doc), t in zip(labelled, targets)]}
+        paired = paired_against_first(labelled, targets, console)
+        if paired:
+            summary["paired"] = paired
+            written = write_paired(paired, folder)
+            replace_text(folder / "summary.md", f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
+                         + paired_markdown(paired))
+            console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  "
+                          f"summary: {folder / 'summary.md'}")
+        replace_text(folder / "compare.json", json.dumps(summary, indent=2) + "\n")
     console.print(f"plot: {plot}")
     return folder
 

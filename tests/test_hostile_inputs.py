@@ -238,3 +238,14 @@ def test_a_disk_that_fills_up_mid_eval_keeps_the_samples_for_the_rerun(world, sm
     assert len(before) >= 4 and sum(row in after for row in before) >= len(before) - 1
     results = json.loads((out / "results.json").read_text())
     assert len(after) == 24 and results["benchmarks"]["math500"]["problems"] == 12
+
+
+def test_a_comparison_whose_write_fails_leaves_no_new_folder(world, tmp_path, monkeypatch):
+    """The folder is made, then writing into it fails (a full disk after mkdir): the command ends in
+    one line and removes the folder it created (core/files.output_folder)."""
+    out = tmp_path / "new" / "cmp"
+    refuse_writes_under(out / "compare.json", errno.ENOSPC, monkeypatch)
+    result = invoke("eval", "--compare", world / "r1.json", world / "r2.json", "--output", out)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "No space left on device" in result.output
+    assert not (tmp_path / "new").exists()

@@ -55,10 +55,6 @@ def storage_error(error: BaseException | None) -> OSError | None:
     return None
 
 
-def is_storage_error(error: BaseException) -> bool:
-    return storage_error(error) is not None
-
-
 def is_full_disk(error: BaseException) -> bool:
     found = storage_error(error)
     return found is not None and found.errno in FULL_DISK_ERRNOS
