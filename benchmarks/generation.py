@@ -16,7 +16,9 @@ class GenerationSettings:
     temperature: float
     top_p: float
     max_new_tokens: int
-    batch_size: int  # rows per batch of the hf engine's decode loop (vLLM schedules its own batches)
+    # rows per batch of the hf engine's decode loop, None: as many as fit in memory
+    # (engine/rollout/decode_rows.py); vLLM schedules its own batches
+    batch_size: int | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,10 @@ class Generated:
 class Backend(Protocol):
     name: str
     tokenizer: object
-    chunk_problems: int  # how many problems the harness hands over per call
+
+    def call_sizes(self, requests: list[Request]) -> list[int]:
+        """How many of the consecutive `requests` each generate call takes (sums to all of them):
+        the harness saves and grades after each call."""
+        ...
 
     def generate(self, requests: list[Request]) -> list[Generated]: ...

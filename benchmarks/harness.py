@@ -66,7 +66,7 @@ class EvalSettings:
     top_p: float = 0.95
     max_new_tokens: int = 4096
     seed: int = 0
-    batch_size: int = 64
+    batch_size: int | None = None  # rows per hf decode batch; None: as many as fit in memory
     backend: str = "hf"
     model: str = ""  # label of the model (and checkpoint) being evaluated
 
@@ -89,7 +89,7 @@ class EvalSettings:
             (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
-            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (bool(self.benchmarks), "--benchmarks is empty; give names such as aime24,math500 (see `meds list`)"),
         ]
         for ok, message in checks:
@@ -362,10 +362,12 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
     pending: list[Future] = []
     # On Ctrl-C the executor still grades and saves what was generated before it stops.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-grading") as grader:
-        for offset in range(0, len(todo), backend.chunk_problems):
-            chunk = todo[offset:offset + backend.chunk_problems]
-            requests = [Request(prompt_for(b, p, backend.tokenizer, settings), n - first,
-                                problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in chunk]
+        every_request = [Request(prompt_for(b, p, backend.tokenizer, settings), n - first,
+                                 problem_seed(settings.seed, b.name, p.id, first)) for b, p, first in todo]
+        offset = 0
+        for size in backend.call_sizes(every_request):
+            chunk, requests = todo[offset:offset + size], every_request[offset:offset + size]
+            offset += size
             t0 = time.perf_counter()
             outputs = backend.generate(requests)
             timing.generate_s += time.perf_counter() - t0
@@ -373,7 +375,7 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
             for (benchmark, problem, first), generated in zip(chunk, outputs):
                 pending.append(grader.submit(grade, _Job(benchmark, problem, first, generated)))
             t0 = time.perf_counter()
-            while len(pending) > _MAX_PENDING_GRADING:
+            while len(pending) > max(_MAX_PENDING_GRADING, size):  # one call's problems grade during the next
                 pending.pop(0).result()
             timing.wait_for_grading_s += time.perf_counter() - t0
             for future in [f for f in pending if f.done()]:

@@ -137,7 +137,9 @@ def eval_cmd(
         help="Response length limit in tokens (default: a run's own on its held-out split, else 4096).")] = None,
     seed: Annotated[int, typer.Option(
         help="Seed; samples are a function of it and the problem, so a resumed eval draws the same ones.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Sequences per HF generate call.")] = 64,
+    batch_size: Annotated[Optional[int], typer.Option(
+        help="Sequences decoded together by the hf backend (default: as many as fit in half the free memory, "
+             "at most 1024).")] = None,
     backend: Annotated[str, typer.Option(
         help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
     dtype: Annotated[Optional[str], typer.Option(

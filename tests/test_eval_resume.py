@@ -89,7 +89,8 @@ def data_dir(tmp_path):
 
 def test_interrupted_cli_eval_with_the_hf_backend_resumes_to_the_same_samples(tmp_path, data_dir, monkeypatch):
     args = ["eval", "--model", "tiny-llama", "--benchmarks", "math500", "--k", "2", "--n", "3", "--max-new-tokens", "8",
-            "--temperature", "1.0", "--top-p", "1.0", "--backend", "hf", "--data-dir", str(data_dir), "-q"]
+            "--temperature", "1.0", "--top-p", "1.0", "--backend", "hf", "--data-dir", str(data_dir), "-q",
+            "--batch-size", "3"]  # one problem (3 samples) per call, so the eval can stop between problems
     runner = CliRunner()
     straight = runner.invoke(app, [*args, "--output", str(tmp_path / "straight")])
     assert straight.exit_code == 0, straight.output
@@ -113,3 +114,26 @@ def test_interrupted_cli_eval_with_the_hf_backend_resumes_to_the_same_samples(tm
     assert samples(tmp_path / "split") == samples(tmp_path / "straight")
     assert json.loads((tmp_path / "split" / "results.json").read_text())["benchmarks"] == \
         json.loads((tmp_path / "straight" / "results.json").read_text())["benchmarks"]
+
+
+def test_problems_sharing_a_decode_batch_draw_the_samples_they_draw_alone(tmp_path, data_dir, monkeypatch):
+    """By default the hf backend fills one decode batch with several problems; a sample depends on
+    its own seed, not on the problems beside it: the same tokens. (A wider batch may round a
+    matmul differently in the last float32 bit; a draw moves only if its uniform falls within
+    that of a boundary of the CDF, about one token in ten million.)"""
+    args = ["eval", "--model", "tiny-llama", "--benchmarks", "math500", "--k", "2", "--n", "3", "--max-new-tokens", "8",
+            "--temperature", "1.0", "--top-p", "1.0", "--backend", "hf", "--data-dir", str(data_dir), "-q"]
+    runner = CliRunner()
+    sizes = []
+    real = eval_backends.HFBackend.call_sizes
+
+    def recorded(self, requests):
+        sizes.append(real(self, requests))
+        return sizes[-1]
+
+    monkeypatch.setattr(eval_backends.HFBackend, "call_sizes", recorded)
+    for name, extra in (("alone", ["--batch-size", "3"]), ("together", [])):
+        result = runner.invoke(app, [*args, *extra, "--output", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+    assert sizes == [[1, 1, 1], [3]]
+    assert samples(tmp_path / "together") == samples(tmp_path / "alone")

@@ -46,12 +46,20 @@ def test_temperature_flattens_and_greedy_takes_the_argmax():
     assert tokens.tolist() == [3] and logp.item() == pytest.approx(math.log(0.4), abs=1e-6)
 
 
-def test_nucleus_falls_back_to_a_full_sort_when_the_first_look_is_short():
-    weights = torch.tensor([[1.0, 2.0, 3.0, 4.0, 0.5]])  # total 10.5; top_p 0.8 needs 4, 3, 2 (9 >= 8.4)
-    short, order = _nucleus(weights, 0.8, first_look=2)
-    full, full_order = _nucleus(weights, 0.8, first_look=5)
-    assert torch.equal(short, full) and torch.equal(order, full_order)
-    assert short.tolist() == [[4.0, 3.0, 2.0, 0.0, 0.0]]
+def test_nucleus_sorts_in_full_only_the_rows_whose_nucleus_passes_the_first_look():
+    weights = torch.tensor([[1.0, 2.0, 3.0, 4.0, 0.5],   # total 10.5; top_p 0.8 needs 4, 3, 2 (9 >= 8.4): 3 > 2
+                            [0.1, 9.0, 0.2, 0.3, 0.4]])  # total 10.0; 9 >= 8: within a first look of 2
+    kept, order = _nucleus(weights, 0.8, first_look=2)
+    # cut to the longest nucleus (3 tokens); the narrow row padded with zero weights
+    assert kept.tolist() == [[4.0, 3.0, 2.0], [9.0, 0.0, 0.0]]
+    assert order[0].tolist() == [3, 2, 1] and order[1, 0].item() == 1
+
+    def dense(kept, order):  # the nucleus as weights per token id
+        return torch.zeros_like(weights).scatter_add_(-1, order, kept)
+
+    # the same distributions as sorting every row in full
+    assert torch.equal(dense(kept, order), dense(*_nucleus(weights, 0.8, first_look=5)))
+    assert dense(kept, order).tolist() == [[0.0, 2.0, 3.0, 4.0, 0.0], [0.0, 9.0, 0.0, 0.0, 0.0]]
 
 
 def test_row_uniforms_depend_on_the_seed_only():
@@ -161,3 +169,20 @@ def test_min_new_tokens_holds_back_the_stop_ids():
     held = HFEngine(model, tokenizer.pad_token_id, 1).generate(
         [SampleRequest(prompt, (0,))], SamplingSettings(0.0, 1.0, 6, stops, min_new_tokens=4))[0][0]
     assert len(held.token_ids) >= 4 and first not in held.token_ids[:4]
+
+
+def test_rows_that_ended_early_change_nothing_for_the_others():
+    """Ended rows stay in the batch until they are a quarter of it: every sample equals the one
+    drawn alone, whatever ended beside it and whenever the batch was compacted."""
+    model, tokenizer = _policy()
+    settings = SamplingSettings(1.0, 1.0, 10, stop_token_ids(tokenizer))
+    requests = [SampleRequest(_ids(tokenizer, p), tuple(range(10 * i, 10 * i + 4))) for i, p in enumerate(PROMPTS)]
+    together = HFEngine(model, tokenizer.pad_token_id, 64).generate(requests, settings)
+    lengths = [len(s.token_ids) for group in together for s in group]
+    assert min(lengths) < 10 and max(lengths) == 10  # some ended early, others ran to the limit
+    for request, group in zip(requests, together):
+        for seed, sample in zip(request.seeds, group):
+            alone = HFEngine(model, tokenizer.pad_token_id, 1).generate(
+                [SampleRequest(request.prompt_ids, (seed,))], settings)[0][0]
+            assert sample.token_ids == alone.token_ids and sample.stopped == alone.stopped
+            assert sample.logprobs == pytest.approx(alone.logprobs, abs=1e-5)

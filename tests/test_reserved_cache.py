@@ -46,6 +46,22 @@ def test_writes_go_to_the_buffer_without_copying_it():
     assert reserved.keys.data_ptr() == storage and reserved.keys.shape[-2] == 4
 
 
+def test_dropping_rows_moves_them_within_the_buffer_and_more_rows_get_a_new_one():
+    plain = DynamicLayer()
+    plain.update(*_states(4, 3, 0))
+    reserved = ReservedLayer(plain, torch.arange(4), capacity=6)
+    storage = reserved._key_buffer.data_ptr()
+    keep = torch.tensor([1, 3])
+    plain.batch_select_indices(keep)
+    reserved.batch_select_indices(keep)
+    assert reserved._key_buffer.data_ptr() == storage and torch.equal(reserved.keys, plain.keys)
+    plain.batch_repeat_interleave(2)
+    reserved.batch_repeat_interleave(2)
+    assert reserved.keys.shape[0] == 4 and torch.equal(reserved.keys, plain.keys)
+    new = _states(4, 1, 9)
+    assert torch.equal(reserved.update(*new)[1], plain.update(*new)[1])
+
+
 def test_reserve_cache_replaces_every_full_attention_layer_of_a_prefill():
     model, tokenizer = lora_policy(seed=3)
     ids = torch.tensor([tokenizer("12+3=", add_special_tokens=False)["input_ids"]])

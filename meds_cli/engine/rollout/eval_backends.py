@@ -7,8 +7,10 @@ request, not to the backend's call, and each of its n samples gets its own seed 
 problem's samples depend only on (--seed, benchmark, problem id, first sample index) and the
 generation settings: an interrupted eval that resumes draws the same samples as one that was
 never stopped. Prompts go to the engine as token ids, with the trainer's stop ids.
-  - hf: one problem per call (its n samples share one prefill and no other problem can change
-    its numbers).
+  - hf: as many problems per call as fill one decode batch (--batch-size rows, by default as many
+    as fit in half the free memory: engine/rollout/decode_rows.py); each problem's n samples
+    share one prefill. Rows beside a sample change only the float rounding of the batched
+    matmuls, never its uniforms.
   - vllm: a chunk of problems per call; the checkpoint's LoRA adapter is served as a
     LoRARequest (max_lora_rank rounded up to a size vLLM accepts).
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from benchmarks.generation import Generated, GenerationSettings, Request
 from meds_cli.core.errors import UserError
 from meds_cli.engine.rollout.batch import decode_responses, sample_requests
+from meds_cli.engine.rollout.decode_rows import decode_rows
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine, check_vllm_settings
@@ -132,14 +135,32 @@ def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request],
 
 
 class HFBackend:
-    """The `hf` rollout engine on the evaluated model, one problem per call."""
+    """The `hf` rollout engine on the evaluated model, the problems of one decode batch per call."""
 
     name = "hf"
-    chunk_problems = 1
 
     def __init__(self, model, tokenizer, settings: GenerationSettings):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        self.engine = HFEngine(model, tokenizer.pad_token_id, settings.batch_size)
+        self.engine = HFEngine(model, tokenizer.pad_token_id, settings.batch_size or 1)
+
+    def call_sizes(self, requests: list[Request]) -> list[int]:
+        """Consecutive requests whose samples fill one decode batch; sets the batch's rows (the
+        --batch-size, or what fits in memory at the longest prompt of `requests`)."""
+        if not requests:
+            return []
+        rows = self.settings.batch_size
+        if rows is None:
+            longest = max(len(ids) for ids in self.tokenizer([r.prompt for r in requests],
+                                                             add_special_tokens=False)["input_ids"])
+            rows = decode_rows(self.model, longest + self.settings.max_new_tokens)
+        self.engine.batch_size = rows
+        sizes, size, samples = [], 0, 0
+        for request in requests:
+            if size and samples + request.n > rows:
+                sizes.append(size)
+                size, samples = 0, 0
+            size, samples = size + 1, samples + request.n
+        return sizes + [size]
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         return generate_with(self.engine, self.tokenizer, requests, self.settings)
@@ -153,7 +174,7 @@ class VLLMBackend:
     chunk of problems per call."""
 
     name = "vllm"
-    chunk_problems = 64  # large enough to fill the GPU, small enough to save progress often
+    problems_per_call = 64  # enough to fill the GPU, few enough to save progress often
 
     def __init__(self, spec: ModelSpec, settings: GenerationSettings, api=None):
         from meds_cli.engine.model_io.model import TINY, load_tokenizer, resolve_model
@@ -176,6 +197,10 @@ class VLLMBackend:
         options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec),
                              enforce_eager=not cuda_available())
         self.engine = VLLMEngine(source, options=options, lora_rank=rank, adapter_path=adapter, api=api)
+
+    def call_sizes(self, requests: list[Request]) -> list[int]:
+        whole, rest = divmod(len(requests), self.problems_per_call)
+        return [self.problems_per_call] * whole + ([rest] if rest else [])
 
     def generate(self, requests: list[Request]) -> list[Generated]:
         return generate_with(self.engine, self.tokenizer, requests, self.settings)

@@ -53,11 +53,19 @@ class ReservedLayer(DynamicLayer):
         return self.length
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # only the filled positions are copied: on CPU the rest of a buffer is never touched, so
-        # it takes no memory until a step writes there
-        capacity = self._key_buffer.shape[-2]
-        self._key_buffer = _reserve(self.keys, indices, capacity)
-        self._value_buffer = _reserve(self.values, indices, capacity)
+        if len(indices) <= self._key_buffer.shape[0]:
+            # fewer rows (finished ones dropped): moved to the front of the same buffers, whose
+            # pages are already taken; a new buffer would fault its pages in again on CPU
+            kept = len(indices)
+            self._key_buffer[:kept, :, :self.length] = self.keys[indices]
+            self._value_buffer[:kept, :, :self.length] = self.values[indices]
+            self._key_buffer, self._value_buffer = self._key_buffer[:kept], self._value_buffer[:kept]
+        else:
+            # only the filled positions are copied: on CPU the rest of a buffer is never touched,
+            # so it takes no memory until a step writes there
+            capacity = self._key_buffer.shape[-2]
+            self._key_buffer = _reserve(self.keys, indices, capacity)
+            self._value_buffer = _reserve(self.values, indices, capacity)
         self._views()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
