@@ -15,6 +15,7 @@ from rich.text import Text
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
+from meds_cli.core.report_console import print_tables
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
@@ -271,7 +272,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         document["warnings"] = warnings
     write_results(folder, document)
     plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
-    Console().print(score_table(document))
+    print_tables(score_table(document))
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  plot: {folder / PLOT_FILE}")
