@@ -15,8 +15,8 @@ from rich.text import Text
 from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
 from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
-from meds_cli.core.report_console import print_tables
 from meds_cli.core.errors import UserError
+from meds_cli.core.report_console import print_tables
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
