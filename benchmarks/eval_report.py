@@ -19,7 +19,7 @@ from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdic
 from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import output_folder, replace_figure, replace_text
-from meds_cli.core.report_console import print_tables
+from meds_cli.core.report_console import print_table
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
@@ -191,7 +191,7 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
                         f"got {len(targets)}")
     labelled = _unique_labels([load_results(t) for t in targets])
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    print_tables(comparison_table(labelled), console=console)
+    print_table(comparison_table(labelled), console=console)
     # a write that fails (full disk, read-only place) removes the folder this command created
     with output_folder(folder):
         plot = plot_pass_at_k(labelled, folder / PLOT_FILE)

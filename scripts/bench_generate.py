@@ -59,16 +59,18 @@ def _timed(clock, fn) -> float:
 def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens: int, bandwidth: float,
                      flops: float) -> float:
     """Least time to prefill `groups` prompts once and decode `new_tokens` tokens for `rows` rows."""
+    from meds_cli.engine.rollout.decode_rows import kv_cache_bytes_per_token
+
     cfg = model.config
     linear = sum(m.weight.numel() for name, m in model.named_modules()
                  if isinstance(m, torch.nn.Linear) and "lora_" not in name)  # merged: adapters cost nothing
     head_dim = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
-    layers, kv_width = cfg.num_hidden_layers, cfg.num_key_value_heads * head_dim
-    q_width = cfg.num_attention_heads * head_dim
+    layers, q_width = cfg.num_hidden_layers, cfg.num_attention_heads * head_dim
+    kv_row_token = kv_cache_bytes_per_token(cfg, 4)
     total = 2 * groups * prompt_len * linear / flops
     for t in range(new_tokens):
         context = prompt_len + t
-        kv_bytes = 2 * layers * rows * kv_width * context * 4
+        kv_bytes = rows * context * kv_row_token
         step_flops = 2 * rows * linear + 4 * rows * layers * q_width * context
         total += max((linear * 4 + kv_bytes) / bandwidth, step_flops / flops)
     return total

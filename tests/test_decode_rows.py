@@ -7,7 +7,13 @@ from transformers import LlamaConfig
 from benchmarks.generation import GenerationSettings, Request
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout import decode_rows as rows_module
-from meds_cli.engine.rollout.decode_rows import bytes_per_row, decode_rows, free_memory, rows_that_fit
+from meds_cli.engine.rollout.decode_rows import (
+    bytes_per_row,
+    decode_rows,
+    free_memory,
+    kv_cache_bytes_per_token,
+    rows_that_fit,
+)
 from meds_cli.engine.rollout.eval_backends import HFBackend
 
 
@@ -81,3 +87,9 @@ def test_hf_backend_sizes_its_batch_from_memory_when_none_is_given(tiny, monkeyp
     reqs = [Request("q0", 2, 0), Request("q1 is longer", 2, 1), Request("q0", 2, 2)]
     assert backend.call_sizes(reqs) == [2, 1]
     assert backend.engine.batch_size == 5
+
+
+def test_kv_cache_bytes_per_token_by_hand():
+    config = LlamaConfig(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, hidden_size=32,
+                         vocab_size=10)
+    assert kv_cache_bytes_per_token(config, 2) == 3 * 2 * 1 * 8 * 2  # layers x (k, v) x kv heads x head_dim x bytes

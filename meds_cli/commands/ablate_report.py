@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
 from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.commands.plotting import pyplot as _pyplot
-from meds_cli.core.report_console import print_tables
+from meds_cli.core.report_console import print_table
 from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
@@ -274,7 +274,7 @@ def write_report(folder: Path, variants, eval_settings, console) -> dict:
     from rich.console import Console
 
     out = Console()  # the result goes to stdout, progress to stderr
-    print_tables(rich_table(rows, k, f"MEDS ablation {folder}"), console=out)
+    print_table(rich_table(rows, k, f"MEDS ablation {folder}"), console=out)
     for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
         out.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "

@@ -16,7 +16,7 @@ from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_tab
 from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.core.errors import UserError
-from meds_cli.core.report_console import print_tables
+from meds_cli.core.report_console import print_table
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
@@ -272,7 +272,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         document["warnings"] = warnings
     write_results(folder, document)
     plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
-    print_tables(score_table(document))
+    print_table(score_table(document))
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  plot: {folder / PLOT_FILE}")

@@ -10,12 +10,11 @@ from __future__ import annotations
 from rich.console import Console
 
 
-def print_tables(*tables, console: Console | None = None) -> None:
-    """Print `tables` whole: at the terminal's width on a terminal, else each at its natural width."""
+def print_table(table, console: Console | None = None) -> None:
+    """Print `table` whole: at the terminal's width on a terminal, else at its natural width."""
     console = console or Console()
-    for table in tables:
-        if console.is_terminal:
-            console.print(table)
-        else:
-            natural = console.measure(table, options=console.options.update_width(10_000)).maximum
-            Console(file=console.file, width=max(console.width, natural)).print(table)
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    Console(file=console.file, width=max(console.width, natural)).print(table)

@@ -23,15 +23,24 @@ MOST_ROWS = 1024  # past this the CPU gains little per token and a batch's first
 VOCAB_COPIES = 4  # float32 vocabulary-wide rows alive at once while a token is chosen
 
 
-def bytes_per_row(config, tokens: int, cache_bytes_per_value: int) -> int:
-    """Memory one decode row takes at `tokens` positions (prompt + response) for a transformers
-    model `config`: keys and values of every layer, and the sampler's vocabulary-wide rows."""
-    text = getattr(config, "text_config", None) or config  # multimodal configs nest the language model's
+def _text_config(config):
+    return getattr(config, "text_config", None) or config  # multimodal configs nest the language model's
+
+
+def kv_cache_bytes_per_token(config, bytes_per_value: int) -> int:
+    """Keys and values of every layer for one position of one row, for a transformers `config`."""
+    text = _text_config(config)
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    cache = text.num_hidden_layers * 2 * kv_heads * head_dim * tokens * cache_bytes_per_value
-    return cache + VOCAB_COPIES * 4 * text.vocab_size
+    return text.num_hidden_layers * 2 * kv_heads * head_dim * bytes_per_value
+
+
+def bytes_per_row(config, tokens: int, cache_bytes_per_value: int) -> int:
+    """Memory one decode row takes at `tokens` positions (prompt + response) for a transformers
+    model `config`: keys and values of every layer, and the sampler's vocabulary-wide rows."""
+    sampler = VOCAB_COPIES * 4 * _text_config(config).vocab_size
+    return tokens * kv_cache_bytes_per_token(config, cache_bytes_per_value) + sampler
 
 
 def rows_that_fit(row_bytes: int, free_bytes: int, *, share: float = MEMORY_SHARE, most: int = MOST_ROWS) -> int:

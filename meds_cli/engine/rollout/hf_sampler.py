@@ -196,9 +196,10 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
         ended = torch.isin(token, stop) & alive
         stopped[running[ended]] = True
         alive &= ~ended
-        if t == steps - 1 or not alive.any():
+        dead = int((~alive).sum())  # the step's one read back to the host
+        if t == steps - 1 or dead == len(alive):
             break
-        if (~alive).sum() * 4 >= len(alive):
+        if dead * 4 >= len(alive):
             keep = alive.nonzero().squeeze(-1)
             running, token, mask, next_position = running[keep], token[keep], mask[keep], next_position[keep]
             alive = alive[keep]
