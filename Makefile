@@ -23,7 +23,8 @@ test-slow: setup
 NUMERIC_TESTS = tests/test_shared_prompts.py tests/test_lens_probe.py tests/test_scoring.py \
 	tests/test_logprobs.py tests/test_hf_sampler.py tests/test_update.py tests/test_sharding.py \
 	tests/test_importance.py tests/test_meds_features.py tests/test_meds_builders.py tests/test_export.py \
-	tests/test_resume.py tests/test_learning.py tests/test_policy_losses.py tests/test_eval_resume.py
+	tests/test_resume.py tests/test_learning.py tests/test_policy_losses.py tests/test_eval_resume.py \
+	tests/test_packed_linear.py
 test-kernels: setup
 	@for cap in default avx2 $$(grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx512); do \
 		ATEN_CPU_CAPABILITY=$$cap .venv/bin/python -c "import torch; print('kernels:', torch.backends.cpu.get_cpu_capability())"; \

@@ -24,8 +24,8 @@ def decoding_policy(model_name: str, lora_rank: int, threads: int):
         configure_torch_threads()
     model, tokenizer = load_model_and_tokenizer(model_name)
     if lora_rank:
+        torch.manual_seed(0)  # peft draws lora_A from the global generator: the same adapter in every process
         model = apply_lora(model, LoraConfig(rank=lora_rank, alpha=2 * lora_rank))
-        torch.manual_seed(0)
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.01)

@@ -9,7 +9,8 @@ generate's general machinery costs time that this shape does not need. The loop 
   - samples every row from its own pre-drawn uniforms (inverse CDF), so a sample depends on its
     seed only, never on the rows beside it, in one vectorised call per step;
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
-    instead of three), restoring the original weight tensors afterwards, untouched.
+    instead of three), restoring the original weight tensors afterwards, untouched;
+  - on CPU, multiplies weights packed once per call for MKL (engine/rollout/packed_linear.py).
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
 when the settings carry a LensProbe, each token's logit-lens values (engine/rollout/lens_probe.py).
@@ -24,6 +25,7 @@ import torch
 
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
+from meds_cli.engine.rollout.packed_linear import packed_linears
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
@@ -245,15 +247,17 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True):
-        self.model, self.pad_id, self.batch_size, self.merge_lora = model, pad_id, max(1, batch_size), merge_lora
+    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True, pack_weights: bool = True):
+        self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
+        self.merge_lora, self.pack_weights = merge_lora, pack_weights
         self.records_lens = can_record_lens(model)
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         was_training = self.model.training
         self.model.eval()
         try:
-            with merged_lora(self.model) if self.merge_lora else nullcontext():
+            with (merged_lora(self.model) if self.merge_lora else nullcontext(),
+                  packed_linears(self.model) if self.pack_weights else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
                     out.extend(decode(self.model, batch, settings, self.pad_id))

@@ -1,0 +1,132 @@
+"""MKL's packed matmul for the decode loop's linear layers: the same products as the layer's own
+(to float32 rounding), layers restored on exit, and left alone where it does not apply."""
+
+import pytest
+import torch
+
+from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.packed_linear import can_pack, packed_linears
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
+from tests.tiny_policy import lora_policy
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="torch has no MKL packed matmul here")
+
+
+def _layer(rows_in: int = 96, rows_out: int = 160, bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(rows_in, rows_out, bias=bias)
+
+
+@pytest.mark.parametrize("shape", [(1, 96), (8, 96), (3, 1, 96), (300, 96)])
+def test_packed_layer_computes_the_layers_product(shape):
+    layer = _layer()
+    x = torch.randn(shape)
+    with torch.no_grad():
+        expected = x.double() @ layer.weight.double().T + layer.bias.double()
+        with packed_linears(layer) as patched:
+            assert patched == 1
+            first, got = layer(x), layer(x.clone())  # the second input with this row count runs packed
+            assert layer.forward.group.packed_rows == x.numel() // 96
+    assert torch.equal(first, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert got.shape == (*shape[:-1], 160) and got.dtype == torch.float32
+    # float32 products of 96 terms: a few ulps of the largest value
+    assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_layers_get_their_own_forward_back():
+    layer, wrapped = _layer(bias=False), _layer()
+    calls = []
+
+    def hook_wrapper(x):  # how accelerate's hooks sit on a module: an instance attribute
+        calls.append(1)
+        return torch.nn.Linear.forward(wrapped, x)
+
+    wrapped.forward = hook_wrapper
+    x = torch.randn(4, 96)
+    with torch.no_grad():
+        before = layer(x)
+        with packed_linears(torch.nn.Sequential(layer, wrapped)) as patched:
+            assert patched == 2 and "forward" in layer.__dict__ and wrapped.forward is not hook_wrapper
+            wrapped(x)
+        assert "forward" not in layer.__dict__ and wrapped.forward is hook_wrapper
+        assert torch.equal(layer(x), before)
+    assert calls == [1]  # the packed layer called through the wrapper it replaced
+
+
+def test_where_packing_does_not_apply_the_layer_runs_as_before():
+    double = _layer().double()
+    with packed_linears(double) as patched:
+        assert patched == 0
+    layer = _layer()
+    x = torch.randn(4, 96, requires_grad=True)
+    with packed_linears(layer):
+        layer(x).sum().backward()  # gradients flow: the layer's own forward ran
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer(x).dtype == torch.bfloat16
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_sampling_with_packed_weights_draws_the_same_samples():
+    model, tokenizer = lora_policy(3)
+    prompts = ["12+7=", "a long prompt: 3*4+5=", "x"]
+    requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (7 * i, 7 * i + 1, 7 * i + 2))
+                for i, p in enumerate(prompts)]
+    settings = SamplingSettings(1.0, 0.95, 12, stop_token_ids(tokenizer))
+    packed = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
+    unpacked = HFEngine(model, tokenizer.pad_token_id, 8, pack_weights=False).generate(requests, settings)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    for a, b in zip(packed, unpacked):
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+def test_a_new_row_count_is_packed_on_its_second_call():
+    layer = _layer()
+    with torch.no_grad(), packed_linears(layer):
+        for rows, packed_after in [(5, 0), (5, 5), (5, 5), (3, 5), (3, 3), (40, 3), (3, 3)]:
+            layer(torch.randn(rows, 96))
+            assert layer.forward.group.packed_rows == packed_after
+
+
+def test_nothing_is_packed_without_room_for_the_copies(monkeypatch):
+    import meds_cli.engine.rollout.packed_linear as packed_linear
+
+    layer = _layer()
+    weight_bytes = layer.weight.numel() * 4
+    monkeypatch.setattr(packed_linear, "free_memory", lambda device: 4 * 3 * weight_bytes - 1)
+    with packed_linears(layer) as patched:
+        assert patched == 0 and "forward" not in layer.__dict__
+    monkeypatch.setattr(packed_linear, "free_memory", lambda device: 4 * 3 * weight_bytes)
+    with packed_linears(layer) as patched:
+        assert patched == 1
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(96, n) for n in (96, 32, 32))
+        self.o_proj = torch.nn.Linear(96, 96)
+
+
+def test_layers_on_one_input_share_one_stacked_matmul():
+    attention = _Attention()
+    x = torch.randn(6, 96)
+    with torch.no_grad():
+        expected = [layer(x) for layer in (attention.q_proj, attention.k_proj, attention.v_proj)]
+        with packed_linears(attention) as patched:
+            q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+            assert patched == 4 and q.forward.group is k.forward.group is v.forward.group
+            assert attention.o_proj.forward.group is not q.forward.group
+            q(x.clone())
+            y = x.clone()
+            got = [q(y), k(y), v(y)]
+            assert q.forward.group.packed_rows == 6 and q.forward.group.outputs is not None
+            for a, b in zip(got, expected):
+                assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
+            # another input, or the same one changed in place, is multiplied again
+            z = torch.randn(6, 96)
+            assert torch.allclose(k(z), torch.nn.functional.linear(z, k.weight, k.bias), atol=1e-5)
+            y.mul_(2)
+            assert torch.allclose(v(y), 2 * (expected[2] - v.bias) + v.bias, atol=1e-5)
