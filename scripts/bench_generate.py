@@ -33,7 +33,12 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
+# Measure with the OpenMP waits meds runs with (meds_cli asks for passive ones on import, which is
+# too late once torch is loaded): only where the caller chose no policy.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import torch  # noqa: E402
 
 
 def probe_bandwidth(clock, megabytes: int = 256, repeats: int = 5) -> float:

@@ -21,7 +21,12 @@ import argparse
 import os
 import time
 
-import torch
+# Measure with the OpenMP waits meds runs with (meds_cli asks for passive ones on import, which is
+# too late once torch is loaded): only where the caller chose no policy.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import torch  # noqa: E402
 
 
 def step_clock(model, clock):

@@ -17,7 +17,7 @@ def _layer(rows_in: int = 96, rows_out: int = 160, bias: bool = True) -> torch.n
     return torch.nn.Linear(rows_in, rows_out, bias=bias)
 
 
-@pytest.mark.parametrize("shape", [(1, 96), (8, 96), (3, 1, 96), (300, 96)])
+@pytest.mark.parametrize("shape", [(1, 96), (8, 96), (3, 1, 96), (256, 96)])
 def test_packed_layer_computes_the_layers_product(shape):
     layer = _layer()
     x = torch.randn(shape)
@@ -84,7 +84,7 @@ def test_sampling_with_packed_weights_draws_the_same_samples():
 def test_a_new_row_count_is_packed_on_its_second_call():
     layer = _layer()
     with torch.no_grad(), packed_linears(layer):
-        for rows, packed_after in [(5, 0), (5, 5), (5, 5), (3, 5), (3, 3), (40, 3), (3, 3)]:
+        for rows, packed_after in [(5, 0), (5, 5), (5, 5), (3, 5), (3, 3), (40, 3), (3, 3), (300, 3), (300, 3)]:
             layer(torch.randn(rows, 96))
             assert layer.forward.group.packed_rows == packed_after
 
