@@ -21,10 +21,10 @@ import argparse
 import os
 import time
 
-# Measure with the OpenMP waits meds runs with (meds_cli asks for passive ones on import, which is
-# too late once torch is loaded): only where the caller chose no policy.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+from meds_cli.core.cpu_budget import prefer_passive_waiting
+
+# measure with the OpenMP waits meds runs with: asked for before torch loads, or it is too late
+prefer_passive_waiting()
 
 import torch  # noqa: E402
 

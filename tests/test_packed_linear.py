@@ -12,9 +12,9 @@ from tests.tiny_policy import lora_policy
 pytestmark = pytest.mark.skipif(not can_pack(torch.zeros(2, 2)), reason="torch has no MKL packed matmul here")
 
 
-def _layer(rows_in: int = 96, rows_out: int = 160, bias: bool = True) -> torch.nn.Linear:
+def _layer(in_features: int = 96, out_features: int = 160, bias: bool = True) -> torch.nn.Linear:
     torch.manual_seed(0)
-    return torch.nn.Linear(rows_in, rows_out, bias=bias)
+    return torch.nn.Linear(in_features, out_features, bias=bias)
 
 
 @pytest.mark.parametrize("shape", [(1, 96), (8, 96), (3, 1, 96), (256, 96)])

@@ -10,7 +10,7 @@ generate's general machinery costs time that this shape does not need. The loop 
     seed only, never on the rows beside it, in one vectorised call per step;
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched;
-  - on CPU, multiplies weights packed once per call for MKL (engine/rollout/packed_linear.py).
+  - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py).
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
 when the settings carry a LensProbe, each token's logit-lens values (engine/rollout/lens_probe.py).

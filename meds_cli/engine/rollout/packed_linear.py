@@ -16,6 +16,7 @@ left alone on a GPU, in float64 or half precision, under autocast and where grad
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -29,12 +30,17 @@ PACKED_MEMORY_SHARE = 4
 PACKED_ROWS_MOST = 256
 
 
+@functools.cache
+def _mkl_packing_available() -> bool:
+    return (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+            and hasattr(torch.ops.mkl, "_mkl_linear"))
+
+
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether `weight` (a linear layer's) can go through MKL's packed matmul: a plain float32
     CPU tensor, with torch built with MKL and its packing ops present."""
     return (type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and weight.dim() == 2 and torch.backends.mkl.is_available()
-            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and hasattr(torch.ops.mkl, "_mkl_linear"))
+            and weight.dim() == 2 and _mkl_packing_available())
 
 
 # Linear layers that transformers' decoder layers call one after another on the same input
