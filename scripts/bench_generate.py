@@ -5,6 +5,10 @@ The limit is a roofline: every decode step must read the weights (and the KV cac
 2 x parameters x rows multiply-adds, so a step takes at least max(bytes / bandwidth, flops /
 matmul throughput); the prefill adds its flops. Bandwidth and matmul throughput come from two
 probes run here first (a large tensor sum, a large fp32 matmul) with the same thread count.
+The matmul floor is the same roofline with each step's weight matmuls taking what they take on
+this machine: the model's own linear layers alone at the batch's row count, multiplied as the
+engine multiplies them (MKL-packed on CPU), timed here. Where the floor is far below the limit,
+the matmuls do not reach the probes' rates, and no change outside them can close that gap.
 
 The samplers run interleaved, round after round, so a busy machine slows them alike:
   - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
@@ -63,9 +67,30 @@ def _timed(clock, fn) -> float:
     return clock() - t0
 
 
+def probe_linear_step(model, rows: int, clock, repeats: int = 3) -> float:
+    """Seconds of one decode step's linear layers alone at `rows` rows (best of repeats): every
+    base weight of `model` (adapters merged cost nothing) multiplied as the `hf` engine does,
+    through packed_linears, on fresh inputs (layers that share an input share it here too)."""
+    from meds_cli.engine.rollout.packed_linear import packed_linears
+
+    layers = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in name]
+    widths = {m.in_features for m in layers}
+
+    def step():
+        inputs = {width: torch.randn(rows, width) for width in widths}
+        for layer in layers:
+            layer(inputs[layer.in_features])
+
+    with torch.no_grad(), packed_linears(model):
+        step(), step()  # the second call at a row count packs the weights
+        return min(_timed(clock, step) for _ in range(repeats))
+
+
 def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens: int, bandwidth: float,
-                     flops: float) -> float:
-    """Least time to prefill `groups` prompts once and decode `new_tokens` tokens for `rows` rows."""
+                     flops: float, linear_step: float | None = None) -> float:
+    """Least time to prefill `groups` prompts once and decode `new_tokens` tokens for `rows` rows.
+    With `linear_step` (seconds of a step's linear layers at `rows` rows, probe_linear_step), each
+    step's weight matmuls take that and only the attention is bounded by the probes."""
     from meds_cli.engine.rollout.decode_rows import kv_cache_bytes_per_token
 
     cfg = model.config
@@ -78,8 +103,11 @@ def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens:
     for t in range(new_tokens):
         context = prompt_len + t
         kv_bytes = rows * context * kv_row_token
-        step_flops = 2 * rows * linear + 4 * rows * layers * q_width * context
-        total += max((linear * 4 + kv_bytes) / bandwidth, step_flops / flops)
+        attention_flops = 4 * rows * layers * q_width * context
+        if linear_step is None:
+            total += max((linear * 4 + kv_bytes) / bandwidth, (2 * rows * linear + attention_flops) / flops)
+        else:
+            total += linear_step + max(kv_bytes / bandwidth, attention_flops / flops)
     return total
 
 
@@ -118,6 +146,12 @@ def main() -> None:
           f"{args.lengths} new tokens, {'CPU' if args.cpu_time else 'wall'} time, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
+    weight_bytes = 4 * sum(m.weight.numel() for name, m in model.named_modules()
+                           if isinstance(m, torch.nn.Linear) and "lora_" not in name)
+    linear_steps = {size: probe_linear_step(model, size, clock) for size in sizes}
+    print("a step's linear layers alone: " + ", ".join(
+        f"{size} rows {seconds * 1e3:.1f} ms ({weight_bytes / seconds / 1e9:.1f} GB/s of weights)"
+        for size, seconds in linear_steps.items()))
 
     def run(sampler: str, size: int, N: int, rank: int) -> float:
         model, tokenizer, _ = policies[rank]
@@ -150,16 +184,18 @@ def main() -> None:
 
     prompt_len = len(tokenizer(task.prompt(task.train[0], tokenizer), add_special_tokens=False)["input_ids"])
     print(f"\n{'tokens':>6} {'sequences':>9} {'LoRA':>5} {'sampler':>9} {'median s':>9} {'tokens/s':>9} "
-          f"{'limit tok/s':>12} {'of limit':>9}")
+          f"{'limit tok/s':>12} {'of limit':>9} {'mm floor tok/s':>15} {'of floor':>9}")
     for N in lengths:
         for size in sizes:
-            limit = size * N / roofline_seconds(model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
+            shape = (model, size, max(1, size // G), prompt_len, N, bandwidth, flops)
+            limit = size * N / roofline_seconds(*shape)
+            floor = size * N / roofline_seconds(*shape, linear_step=linear_steps[size])
             for rank in ranks:
                 for sampler in samplers:
                     median = statistics.median(times[(sampler, size, N, rank)])
                     rate = size * N / median
                     print(f"{N:>6} {size:>9} {rank or '-':>5} {sampler:>9} {median:>9.2f} {rate:>9.1f} "
-                          f"{limit:>12.1f} {rate / limit:>9.0%}")
+                          f"{limit:>12.1f} {rate / limit:>9.0%} {floor:>15.1f} {rate / floor:>9.0%}")
     print(f"(median of {args.rounds} interleaved rounds; load average now {os.getloadavg()[0]:.1f})")
 
 
