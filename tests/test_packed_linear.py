@@ -1,11 +1,14 @@
 """MKL's packed matmul for the decode loop's linear layers: the same products as the layer's own
 (to float32 rounding), layers restored on exit, and left alone where it does not apply."""
 
+import dataclasses
+
 import pytest
 import torch
 
+from meds_cli.engine.rollout import packed_linear
 from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.packed_linear import can_pack, packed_linears
+from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, can_pack, packed_linears
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings, stop_token_ids
 from tests.tiny_policy import lora_policy
 
@@ -66,13 +69,31 @@ def test_where_packing_does_not_apply_the_layer_runs_as_before():
     assert x.grad is not None and layer.weight.grad is not None
 
 
-def test_sampling_with_packed_weights_draws_the_same_samples():
-    model, tokenizer = lora_policy(3)
+def _count_packs(monkeypatch) -> list[int]:
+    """The row counts weights get packed for from now on, in order."""
+    packs, pack = [], packed_linear._PackedGroup._pack
+
+    def counted(group, rows):
+        packs.append(rows)
+        return pack(group, rows)
+
+    monkeypatch.setattr(packed_linear._PackedGroup, "_pack", counted)
+    return packs
+
+
+def _three_prompts(tokenizer) -> list[SampleRequest]:
     prompts = ["12+7=", "a long prompt: 3*4+5=", "x"]
-    requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (7 * i, 7 * i + 1, 7 * i + 2))
-                for i, p in enumerate(prompts)]
-    settings = SamplingSettings(1.0, 0.95, 12, stop_token_ids(tokenizer))
+    return [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (7 * i, 7 * i + 1, 7 * i + 2))
+            for i, p in enumerate(prompts)]
+
+
+def test_sampling_with_packed_weights_draws_the_same_samples(monkeypatch):
+    model, tokenizer = lora_policy(3)
+    requests = _three_prompts(tokenizer)
+    settings = SamplingSettings(1.0, 0.95, PACKED_MIN_NEW_TOKENS + 4, stop_token_ids(tokenizer))
+    packs = _count_packs(monkeypatch)
     packed = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
+    assert 8 in packs  # the batch of 8 rows (of 9) is packed at its second step
     unpacked = HFEngine(model, tokenizer.pad_token_id, 8, pack_weights=False).generate(requests, settings)
     assert all("forward" not in m.__dict__ for m in model.modules())
     for a, b in zip(packed, unpacked):
@@ -80,6 +101,18 @@ def test_sampling_with_packed_weights_draws_the_same_samples():
             assert x.token_ids == y.token_ids
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
 
+
+
+def test_short_responses_multiply_the_weights_unpacked(monkeypatch):
+    model, tokenizer = lora_policy(3)
+    requests = _three_prompts(tokenizer)
+    packs = _count_packs(monkeypatch)
+    short = SamplingSettings(1.0, 1.0, PACKED_MIN_NEW_TOKENS - 1, (), min_new_tokens=PACKED_MIN_NEW_TOKENS - 1)
+    samples = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, short)
+    assert packs == [] and all(len(s.token_ids) == PACKED_MIN_NEW_TOKENS - 1 for group in samples for s in group)
+    long_enough = dataclasses.replace(short, max_new_tokens=PACKED_MIN_NEW_TOKENS, min_new_tokens=PACKED_MIN_NEW_TOKENS)
+    HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, long_enough)
+    assert 8 in packs
 
 def test_a_new_row_count_is_packed_on_its_second_call():
     layer = _layer()

@@ -10,7 +10,8 @@ generate's general machinery costs time that this shape does not need. The loop 
     seed only, never on the rows beside it, in one vectorised call per step;
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched;
-  - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py).
+  - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py),
+    for responses long enough to pay for the packing.
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
 when the settings carry a LensProbe, each token's logit-lens values (engine/rollout/lens_probe.py).
@@ -25,7 +26,7 @@ import torch
 
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
-from meds_cli.engine.rollout.packed_linear import packed_linears
+from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, packed_linears
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
@@ -255,9 +256,10 @@ class HFEngine:
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         was_training = self.model.training
         self.model.eval()
+        pack = self.pack_weights and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
         try:
             with (merged_lora(self.model) if self.merge_lora else nullcontext(),
-                  packed_linears(self.model) if self.pack_weights else nullcontext()):
+                  packed_linears(self.model) if pack else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
                     out.extend(decode(self.model, batch, settings, self.pad_id))

@@ -28,6 +28,10 @@ PACKED_MEMORY_SHARE = 4
 # Packing pays at few rows: all SmolLM2 linears took 12% less at 256 rows, 2.5% at 512 and the
 # same at 1,024, where repacking after rows end (0.25 s) would cost more than it saves.
 PACKED_ROWS_MOST = 256
+# Packing a weight costs about what a dozen decode steps save with it: for a short response the
+# plain matmul is faster (SmolLM2, 8 and 64 rows: 8 new tokens 12% and 4% slower packed, 16 new
+# tokens 6% and 4% faster; scripts/bench_generate.py --lengths 8,16,32 --samplers engine,unpacked).
+PACKED_MIN_NEW_TOKENS = 16
 
 
 @functools.cache
