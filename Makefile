@@ -20,7 +20,7 @@ test-slow: setup
 # different float32 kernels on AVX2, AVX-512 and the portable `default` set
 # (ATEN_CPU_CAPABILITY), so a tolerance tuned to one machine fails here instead of on a user's.
 # avx512 runs only where the CPU has it.
-NUMERIC_TESTS = tests/test_shared_prompts.py tests/test_lens_probe.py tests/test_scoring.py \
+NUMERIC_TESTS = tests/test_decoder_step.py tests/test_shared_prompts.py tests/test_lens_probe.py tests/test_scoring.py \
 	tests/test_logprobs.py tests/test_hf_sampler.py tests/test_update.py tests/test_sharding.py \
 	tests/test_importance.py tests/test_meds_features.py tests/test_meds_builders.py tests/test_export.py \
 	tests/test_resume.py tests/test_learning.py tests/test_policy_losses.py tests/test_eval_resume.py \

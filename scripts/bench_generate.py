@@ -16,6 +16,8 @@ The samplers run interleaved, round after round, so a busy machine slows them al
   - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py);
   - `unpacked` (asked for with --samplers): the `hf` engine with its linear layers' own matmul
     instead of MKL's packed weights (engine/rollout/packed_linear.py), for before / after;
+  - `modules` (asked for with --samplers): the `hf` engine with packed weights but every decode
+    step through the model's forward instead of a DecoderStep (engine/rollout/decoder_step.py);
   - `vllm` (asked for with --samplers): the `vllm` rollout engine serving the same policy, the
     adapter as a LoRARequest (float32, eager; needs the vllm package: `make setup-vllm`, then run
     with .venv-vllm/bin/python and OMP_NUM_THREADS set, or vLLM leaves torch one thread).
@@ -169,7 +171,8 @@ def main() -> None:
         requests = engine_requests(prompts, tokenizer, size, G)
         settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
         engine = (vllm_engines[rank] if sampler == "vllm" else
-                  HFEngine(model, tokenizer.pad_token_id, batch_size=size, pack_weights=sampler != "unpacked"))
+                  HFEngine(model, tokenizer.pad_token_id, batch_size=size, pack_weights=sampler != "unpacked",
+                           direct_steps=sampler == "engine"))
         t0 = clock()
         engine.generate(requests, settings)
         return clock() - t0

@@ -11,7 +11,8 @@ generate's general machinery costs time that this shape does not need. The loop 
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched;
   - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py),
-    for responses long enough to pay for the packing.
+    for responses long enough to pay for the packing, and runs the decode steps of Llama-layout
+    models over those weights without the model's module calls (engine/rollout/decoder_step.py).
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
 when the settings carry a LensProbe, each token's logit-lens values (engine/rollout/lens_probe.py).
@@ -25,6 +26,7 @@ from typing import Sequence
 import torch
 
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
+from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, packed_linears
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
@@ -139,16 +141,19 @@ def merged_lora(model):
 
 
 @torch.no_grad()
-def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int) -> list[list[Sample]]:
+def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int, *,
+           direct_steps: bool = True) -> list[list[Sample]]:
     """Sample every request's responses in one batch: one prefill per prompt, then one forward
-    per new token over the rows still running."""
+    per new token over the rows still running (with `direct_steps`, a DecoderStep where one
+    applies)."""
     if settings.lens is None:
-        return _decode(model, requests, settings, pad_id, None)
+        return _decode(model, requests, settings, pad_id, None, direct_steps)
     with LensRecorder(model, settings.lens) as lens:
-        return _decode(model, requests, settings, pad_id, lens)
+        return _decode(model, requests, settings, pad_id, lens, direct_steps)
 
 
-def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: LensRecorder | None) -> list[list[Sample]]:
+def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: LensRecorder | None,
+            direct_steps: bool) -> list[list[Sample]]:
     device = next(model.parameters()).device
     width = max(len(r.prompt_ids) for r in requests)
     ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
@@ -186,6 +191,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     # dropping a row copies every layer's KV cache, which at hundreds of rows costs more than
     # decoding a few dead rows for a few more steps.
     alive = torch.ones(total, dtype=torch.bool, device=device)
+    step = DecoderStep.plan(model) if direct_steps else None  # None: the model's forward runs
     for t in range(steps):
         if t < settings.min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
@@ -208,11 +214,14 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
             alive = alive[keep]
             cache.batch_select_indices(keep)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                    use_cache=True, **{keyword: cache})
-        logits = out.logits[:, -1].float()
+        logits = step(token[:, None], mask, next_position[:, None], cache) if step is not None else None
+        if logits is None:  # no direct step, or the weights are not yet packed for this many rows
+            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                        use_cache=True, **{keyword: cache})
+            logits = out.logits[:, -1]
+            del out
+        logits = logits.float()
         next_position = next_position + 1
-        del out
 
     tokens_out, logp_out, lengths, stopped = tokens_out.cpu(), logp_out.cpu(), lengths.tolist(), stopped.tolist()
     lens_out = lens_out.cpu() if lens_out is not None else None
@@ -248,9 +257,10 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True, pack_weights: bool = True):
+    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True, pack_weights: bool = True,
+                 direct_steps: bool = True):
         self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
-        self.merge_lora, self.pack_weights = merge_lora, pack_weights
+        self.merge_lora, self.pack_weights, self.direct_steps = merge_lora, pack_weights, direct_steps
         self.records_lens = can_record_lens(model)
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
@@ -262,7 +272,7 @@ class HFEngine:
                   packed_linears(self.model) if pack else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
-                    out.extend(decode(self.model, batch, settings, self.pad_id))
+                    out.extend(decode(self.model, batch, settings, self.pad_id, direct_steps=self.direct_steps))
         finally:
             self.model.train(was_training)
         # undo the splitting of batches_of: the samples of each request, in seed order

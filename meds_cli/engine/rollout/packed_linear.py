@@ -79,9 +79,15 @@ class _PackedGroup:
             if rows != self.packed_rows and rows == previous_rows and rows <= PACKED_ROWS_MOST:
                 self._pack(rows)
             if rows == self.packed_rows:
-                out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, rows)
-                self.outputs = out.view(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
+                self.outputs = self.multiply(x)
         return unpacked_forward(x) if self.outputs is None else self.outputs[member]
+
+    def multiply(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every member's output for `x`, from the packed weight (packed for x's row count), as
+        the members' forwards return them (engine/rollout/decoder_step.py calls this directly)."""
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, flat.shape[0])
+        return out.view(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
 
     def _pack(self, rows: int) -> None:
         if self.weight is None:
@@ -110,6 +116,11 @@ def _same_input_groups(model: torch.nn.Module, layers: list[torch.nn.Linear]) ->
                 groups.append(members)
                 grouped.update(id(m) for m in members)
     return groups + [[layer] for layer in layers if id(layer) not in grouped]
+
+
+def packed_group(layer: torch.nn.Module) -> _PackedGroup | None:
+    """The packed group `layer` belongs to inside packed_linears, or None."""
+    return getattr(layer.__dict__.get("forward"), "group", None)
 
 
 def _member_forward(group: _PackedGroup, member: int, unpacked_forward):
