@@ -8,7 +8,6 @@ from meds_cli.core.forward import LensProbe, output_cache, position_ids_for
 from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_tokenizer
-from meds_cli.engine.rollout import decoder_step
 from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.hf_sampler import HFEngine, merged_lora
 from meds_cli.engine.rollout.lens_probe import LensRecorder
@@ -122,8 +121,9 @@ def test_where_the_step_does_not_apply_there_is_no_plan():
             assert DecoderStep.plan(model) is None  # packed, but the adapters are not merged
         with merged_lora(model), packed_linears(model):
             assert DecoderStep.plan(model) is not None
-            with LensRecorder(model, LensProbe((1, 2))):
+            with LensRecorder(model, LensProbe((1, 2))) as lens:
                 assert DecoderStep.plan(model) is None  # hooks must see every layer
+                assert DecoderStep.plan(model, lens) is not None  # unless they are the recorder's own
             model.base_model.model.config._attn_implementation = "flex_attention"
             assert DecoderStep.plan(model) is None
             model.base_model.model.config._attn_implementation = "sdpa"
@@ -133,16 +133,23 @@ def test_where_the_step_does_not_apply_there_is_no_plan():
             assert DecoderStep.plan(model) is not None
 
 
-def test_lens_recording_samples_through_the_models_forward(monkeypatch):
+@pytest.mark.parametrize("layers", [(0, 2, 4), (1, 3)])
+def test_lens_values_are_the_same_with_and_without_direct_steps(layers, monkeypatch):
     model, tokenizer = lora_policy(5)
-    plans, plan = [], DecoderStep.plan.__func__
+    direct_steps, call = [], DecoderStep.__call__
 
-    def recorded(cls, model):
-        plans.append(plan(cls, model))
-        return plans[-1]
+    def counted(self, *args):
+        direct_steps.append(call(self, *args))
+        return direct_steps[-1]
 
-    monkeypatch.setattr(decoder_step.DecoderStep, "plan", classmethod(recorded))
-    requests = [SampleRequest(tuple(tokenizer("12+7=", add_special_tokens=False)["input_ids"]), (0, 1))]
-    settings = SamplingSettings(1.0, 1.0, PACKED_MIN_NEW_TOKENS, (), lens=LensProbe((1, 4)))
-    samples = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
-    assert plans == [None] and all(s.lens is not None and len(s.lens) == PACKED_MIN_NEW_TOKENS for s in samples[0])
+    monkeypatch.setattr(DecoderStep, "__call__", counted)
+    requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (2 * i, 2 * i + 1))
+                for i, p in enumerate(PROMPTS)]
+    settings = SamplingSettings(1.0, 1.0, PACKED_MIN_NEW_TOKENS + 2, (), lens=LensProbe(layers))
+    direct = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
+    assert sum(logits is not None for logits in direct_steps) >= PACKED_MIN_NEW_TOKENS - 1
+    through_forward = HFEngine(model, tokenizer.pad_token_id, 8, direct_steps=False).generate(requests, settings)
+    for a, b in zip(direct, through_forward):
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids and x.logprobs == y.logprobs
+            assert x.lens.shape == (PACKED_MIN_NEW_TOKENS + 2, len(layers)) and torch.equal(x.lens, y.lens)

@@ -14,7 +14,7 @@ bit-identical to the model's forward (tests/test_decoder_step.py compares them).
 It applies only where that holds, and `plan` returns None otherwise: model types llama and qwen2
 with full attention in every layer and sdpa or eager attention; every linear layer packed (inside
 packed_linears) and any LoRA adapter merged (inside merged_lora); no hook or replaced forward on
-any module (the logit-lens recorder's hooks send MEDS's decoding through the model's forward).
+any module, except a logit-lens recorder's, whose states the step hands it itself (MEDS).
 A step whose row count the weights are not packed for returns None too: the loop runs the
 model's forward, which packs them.
 """
@@ -47,8 +47,8 @@ class DecoderStep:
     """`step(tokens, attention_mask, positions, cache)`: the last position's logits [rows, V], or
     None where the weights are not packed for this many rows."""
 
-    def __init__(self, body, layers: list[_Layer], head_group, config):
-        self.body, self.layers, self.head_group, self.config = body, layers, head_group, config
+    def __init__(self, body, layers: list[_Layer], head_group, config, lens=None):
+        self.body, self.layers, self.head_group, self.config, self.lens = body, layers, head_group, config, lens
         self.groups = [head_group] + [g for layer in layers for g in (layer.qkv, layer.out, layer.gate_up, layer.down)]
         first = layers[0].module.self_attn
         modeling = inspect.getmodule(type(first))
@@ -57,7 +57,9 @@ class DecoderStep:
                                                                modeling.eager_attention_forward)
 
     @classmethod
-    def plan(cls, model) -> DecoderStep | None:
+    def plan(cls, model, lens=None) -> DecoderStep | None:
+        """The step for `model`, or None where it does not apply. With `lens` (an active
+        LensRecorder) its hooks are allowed: the step records the states they would have."""
         inner = getattr(model, "module", model)
         if hasattr(inner, "get_base_model"):
             inner = inner.get_base_model()
@@ -65,7 +67,8 @@ class DecoderStep:
         if (config is None or body is None or getattr(config, "model_type", None) not in MODEL_TYPES
                 or getattr(config, "_attn_implementation", None) not in ATTENTION
                 or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
-                or getattr(config, "pretraining_tp", 1) != 1 or not _untouched(model)
+                or getattr(config, "pretraining_tp", 1) != 1
+                or not _untouched(model, lens.hook_ids if lens is not None else set())
                 or type(getattr(body, "embed_tokens", None)) is not torch.nn.Embedding):
             return None
         layers = []
@@ -79,7 +82,7 @@ class DecoderStep:
         head = _group_of(inner.get_output_embeddings(), 1)
         if not layers or head is None:
             return None
-        return cls(body, layers, head, config)
+        return cls(body, layers, head, config, lens)
 
     def __call__(self, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache):
         rows = tokens.shape[0]
@@ -90,7 +93,10 @@ class DecoderStep:
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
                                   cache=cache, position_ids=positions)
         cos, sin = body.rotary_emb.forward(hidden, position_ids=positions)
-        for layer in self.layers:
+        lens = self.lens
+        if lens is not None:
+            lens.keep(0, hidden)
+        for number, layer in enumerate(self.layers, start=1):
             block, attn, mlp = layer.module, layer.module.self_attn, layer.module.mlp
             normed = block.input_layernorm.forward(hidden)
             query, key, value = layer.qkv.multiply(normed)
@@ -103,7 +109,12 @@ class DecoderStep:
             normed = block.post_attention_layernorm.forward(hidden)
             gate, up = layer.gate_up.multiply(normed)
             hidden = hidden + layer.down.multiply(mlp.act_fn.forward(gate) * up)[0]
-        return self.head_group.multiply(body.norm.forward(hidden))[0][:, -1]
+            if lens is not None and number < len(self.layers):
+                lens.keep(number, hidden)
+        normed = body.norm.forward(hidden)
+        if lens is not None:
+            lens.keep(len(self.layers), normed)
+        return self.head_group.multiply(normed)[0][:, -1]
 
 
 def _group_of(layer, members: int):
@@ -121,14 +132,15 @@ def _group_of(layer, members: int):
     return group if group is not None and len(group.layers) == members and group.layers[0] is base else None
 
 
-def _untouched(model) -> bool:
-    """No forward hooks on any module and no forward replaced, except the packed linear layers'."""
+def _untouched(model, allowed_hooks: set[int]) -> bool:
+    """No forward hooks on any module but `allowed_hooks` (ids), and no forward replaced except
+    the packed linear layers'."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return False
     for m in model.modules():
-        if m._forward_hooks or m._forward_pre_hooks:
+        if set(m._forward_hooks) - allowed_hooks or set(m._forward_pre_hooks) - allowed_hooks:
             return False
         if "forward" in m.__dict__ and packed_group(m) is None:
             return False

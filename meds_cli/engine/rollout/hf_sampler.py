@@ -191,7 +191,7 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     # dropping a row copies every layer's KV cache, which at hundreds of rows costs more than
     # decoding a few dead rows for a few more steps.
     alive = torch.ones(total, dtype=torch.bool, device=device)
-    step = DecoderStep.plan(model) if direct_steps else None  # None: the model's forward runs
+    step = DecoderStep.plan(model, lens) if direct_steps else None  # None: the model's forward runs
     for t in range(steps):
         if t < settings.min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")

@@ -86,6 +86,19 @@ class LensRecorder:
 
         return hook
 
+    @property
+    def hook_ids(self) -> set[int]:
+        """The ids of the hooks this recorder registered (a decode step that calls `keep` itself
+        may run where only these hooks are present)."""
+        return {handle.id for handle in self._handles}
+
+    def keep(self, layer: int, states: torch.Tensor) -> None:
+        """Record `states` [rows, positions, H], transformers' `hidden_states[layer]` of a forward
+        run without the modules' hooks (engine/rollout/decoder_step.py), as the hooks would."""
+        for slot, n in enumerate(self.probe.layers):
+            if n == layer:
+                self.latest[slot] = states[:, -1].detach()
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep the states of `rows` (the prefill ran once per prompt; its samples are rows)."""
         self.latest = [state[rows] for state in self.latest]
