@@ -4,7 +4,7 @@ the same samples through the engine, and the model's forward wherever the step d
 import pytest
 import torch
 
-from meds_cli.core.forward import LensProbe, output_cache, position_ids_for
+from meds_cli.core.forward import LensProbe, cache_keyword, output_cache, position_ids_for
 from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_tokenizer
@@ -76,7 +76,7 @@ def test_the_direct_step_gives_the_models_logits_bit_for_bit(architecture):
                 cache.crop(-1)  # the same step again through the model's forward
                 compared += 1
             logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                           cache=cache).logits[:, -1]
+                           **{cache_keyword(model): cache}).logits[:, -1]
             if direct is not None:
                 assert torch.equal(direct, logits)
             tokens, positions = logits.argmax(-1, keepdim=True), positions + 1

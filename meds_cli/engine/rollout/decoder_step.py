@@ -32,6 +32,8 @@ from meds_cli.engine.rollout.packed_linear import packed_group
 
 MODEL_TYPES = ("llama", "qwen2")
 ATTENTION = ("sdpa", "eager")
+# transformers names the mask's cache argument `cache` from 5.20 on, `past_key_values` before
+_MASK_CACHE = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 @dataclass
@@ -91,7 +93,7 @@ class DecoderStep:
         body = self.body
         hidden = body.embed_tokens.forward(tokens)
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                                  cache=cache, position_ids=positions)
+                                  position_ids=positions, **{_MASK_CACHE: cache})
         cos, sin = body.rotary_emb.forward(hidden, position_ids=positions)
         lens = self.lens
         if lens is not None:
