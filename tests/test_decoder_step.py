@@ -131,6 +131,14 @@ def test_where_the_step_does_not_apply_there_is_no_plan():
             assert DecoderStep.plan(model) is None
             handle.remove()
             assert DecoderStep.plan(model) is not None
+            value = model.base_model.model.model.layers[1].self_attn.v_proj
+            value.merged_adapters = []  # one adapter live: its forward adds a path the step would skip
+            assert DecoderStep.plan(model) is None
+            value.merged_adapters = ["default"]
+            model.train()
+            assert DecoderStep.plan(model) is None
+            model.eval()
+            assert DecoderStep.plan(model) is not None
 
 
 @pytest.mark.parametrize("layers", [(0, 2, 4), (1, 3)])

@@ -70,6 +70,7 @@ class DecoderStep:
                 or getattr(config, "_attn_implementation", None) not in ATTENTION
                 or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
                 or getattr(config, "pretraining_tp", 1) != 1
+                or inner.training or any(_live_adapter(m) for m in model.modules())
                 or not _untouched(model, lens.hook_ids if lens is not None else set())
                 or type(getattr(body, "embed_tokens", None)) is not torch.nn.Embedding):
             return None
@@ -120,18 +121,22 @@ class DecoderStep:
 
 
 def _group_of(layer, members: int):
-    """The packed group `layer` (or the base layer of its merged LoRA wrapper) leads, with its
-    `members` layers; None where it is not packed that way or an adapter is live beside it."""
+    """The packed group `layer` (or the base layer of its LoRA wrapper) leads, with its `members`
+    layers; None where it is not packed that way."""
     if layer is None:
         return None
-    base = layer
-    if hasattr(layer, "base_layer"):  # a peft LoRA wrapper: its forward is the base layer's only when merged
-        adapters = [a for a in getattr(layer, "active_adapters", ()) if a in getattr(layer, "lora_A", {})]
-        if adapters and not layer.disable_adapters and set(getattr(layer, "merged_adapters", ())) != set(adapters):
-            return None
-        base = layer.get_base_layer()
+    base = layer.get_base_layer() if hasattr(layer, "base_layer") else layer
     group = packed_group(base)
     return group if group is not None and len(group.layers) == members and group.layers[0] is base else None
+
+
+def _live_adapter(module) -> bool:
+    """Whether `module` is a LoRA wrapper with an active adapter not merged into its base weight
+    (its forward then adds the adapter's path to the base layer's)."""
+    if not hasattr(module, "base_layer") or getattr(module, "disable_adapters", False):
+        return False
+    adapters = {a for a in getattr(module, "active_adapters", ()) if a in getattr(module, "lora_A", {})}
+    return bool(adapters) and set(getattr(module, "merged_adapters", ())) != adapters
 
 
 def _untouched(model, allowed_hooks: set[int]) -> bool:
