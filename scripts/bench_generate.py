@@ -69,13 +69,19 @@ def _timed(clock, fn) -> float:
     return clock() - t0
 
 
+def base_linears(model) -> list[torch.nn.Linear]:
+    """The linear layers a decode step multiplies: the base weights, not the LoRA matrices (the
+    engine merges the adapter into them, so it costs nothing at decode time)."""
+    return [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in name]
+
+
 def probe_linear_step(model, rows: int, clock, repeats: int = 3) -> float:
     """Seconds of one decode step's linear layers alone at `rows` rows (best of repeats): every
     base weight of `model` (adapters merged cost nothing) multiplied as the `hf` engine does,
     through packed_linears, on fresh inputs (layers that share an input share it here too)."""
     from meds_cli.engine.rollout.packed_linear import packed_linears
 
-    layers = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in name]
+    layers = base_linears(model)
     widths = {m.in_features for m in layers}
 
     def step():
@@ -96,8 +102,7 @@ def roofline_seconds(model, rows: int, groups: int, prompt_len: int, new_tokens:
     from meds_cli.engine.rollout.decode_rows import kv_cache_bytes_per_token
 
     cfg = model.config
-    linear = sum(m.weight.numel() for name, m in model.named_modules()
-                 if isinstance(m, torch.nn.Linear) and "lora_" not in name)  # merged: adapters cost nothing
+    linear = sum(m.weight.numel() for m in base_linears(model))
     head_dim = getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
     layers, q_width = cfg.num_hidden_layers, cfg.num_attention_heads * head_dim
     kv_row_token = kv_cache_bytes_per_token(cfg, 4)
@@ -148,8 +153,7 @@ def main() -> None:
           f"{args.lengths} new tokens, {'CPU' if args.cpu_time else 'wall'} time, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"probes: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.1f} GFLOP/s")
-    weight_bytes = 4 * sum(m.weight.numel() for name, m in model.named_modules()
-                           if isinstance(m, torch.nn.Linear) and "lora_" not in name)
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in base_linears(model))
     linear_steps = {size: probe_linear_step(model, size, clock) for size in sizes}
     print("a step's linear layers alone: " + ", ".join(
         f"{size} rows {seconds * 1e3:.1f} ms ({weight_bytes / seconds / 1e9:.1f} GB/s of weights)"

@@ -4,10 +4,12 @@ For each response length (forced: min_new_tokens = max_new_tokens) it samples on
 `--sequences` rows (8 samples of one prompt by default, LoRA rank 16 with a non-zero adapter, as
 scripts/bench_generate.py does) and prints
   - the wall (or CPU) time, tokens per second and milliseconds per token;
-  - the model forwards' milliseconds per step over the first and the last tenth of the steps
-    (a step whose cost grows with the position shows here: work that grows faster than the
-    attention it must do), and the share of the wall time spent outside the forwards (sampling,
-    bookkeeping, the prefill's copy to rows);
+  - the milliseconds per decode step (from one token's draw to the next: the forward, the draw,
+    the bookkeeping) over the first and the last tenth of the steps (a step whose cost grows with
+    the position shows here: work that grows faster than the attention it must do), and the
+    share of the wall time spent drawing tokens. Steps are timed at the draws, not by hooks on
+    the model: a hook sends every step through the model's forward instead of the direct step
+    the engine runs (engine/rollout/decoder_step.py);
   - with --ops, torch.profiler's top operators by self CPU time (concatenation, matmuls, attention,
     Python-side dispatch show by name).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from contextlib import contextmanager
 
 from meds_cli.core.cpu_budget import prefer_passive_waiting
 
@@ -29,17 +32,25 @@ prefer_passive_waiting()
 import torch  # noqa: E402
 
 
-def step_clock(model, clock):
-    """Forward hooks on `model` that record each forward's seconds by `clock` in the returned list."""
-    spans, start = [], [0.0]
+@contextmanager
+def draw_clock(clock):
+    """Within the block, every token draw of the `hf` decode loop appends (start, seconds) by
+    `clock` to the list it yields."""
+    from meds_cli.engine.rollout import hf_sampler
 
-    def before(module, args):
-        start[0] = clock()
+    draws, choose = [], hf_sampler.choose_tokens
 
-    def after(module, args, output):
-        spans.append(clock() - start[0])
+    def timed(*args, **kwargs):
+        start = clock()
+        chosen = choose(*args, **kwargs)
+        draws.append((start, clock() - start))
+        return chosen
 
-    return spans, [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    hf_sampler.choose_tokens = timed
+    try:
+        yield draws
+    finally:
+        hf_sampler.choose_tokens = choose
 
 
 def main() -> None:
@@ -70,21 +81,20 @@ def main() -> None:
 
     clock = time.process_time if args.cpu_time else time.perf_counter
     print(f"{'tokens':>6} {'CPU s' if args.cpu_time else 'wall s':>7} {'tok/s':>7} {'ms/token':>9} "
-          f"{'fwd ms first 10%':>17} {'fwd ms last 10%':>16} {'outside fwd':>12}")
+          f"{'step ms first 10%':>18} {'step ms last 10%':>17} {'drawing':>8}")
     for length in (int(x) for x in args.lengths.split(",")):
         settings = SamplingSettings(1.0, 1.0, length, stop_token_ids(tokenizer), min_new_tokens=length)
-        spans, hooks = step_clock(model, clock)
-        t0 = clock()
-        engine.generate(requests, settings)
-        wall = clock() - t0
-        for hook in hooks:
-            hook.remove()
-        steps = spans[1:]  # the first forward is the prefill
+        with draw_clock(clock) as draws:
+            t0 = clock()
+            engine.generate(requests, settings)
+            wall = clock() - t0
+        starts = [start for start, _ in draws]
+        steps = [b - a for a, b in zip(starts, starts[1:])]  # draw to draw: one decode step each
         tenth = max(1, len(steps) // 10)
         first, last = sum(steps[:tenth]) / tenth, sum(steps[-tenth:]) / tenth
         rows = args.sequences * length
-        print(f"{length:>6} {wall:>7.2f} {rows / wall:>7.1f} {wall / length * 1e3:>9.1f} {first * 1e3:>17.1f} "
-              f"{last * 1e3:>16.1f} {1 - sum(spans) / wall:>12.0%}", flush=True)
+        print(f"{length:>6} {wall:>7.2f} {rows / wall:>7.1f} {wall / length * 1e3:>9.1f} {first * 1e3:>18.1f} "
+              f"{last * 1e3:>17.1f} {sum(seconds for _, seconds in draws) / wall:>8.0%}", flush=True)
         if args.ops:
             from torch.profiler import ProfilerActivity, profile
 

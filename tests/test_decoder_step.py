@@ -61,6 +61,18 @@ def _prefilled(model, tokenizer, rows_per_prompt: int = 2):
     return cache, mask[rows], positions[rows, -1:] + 1, tokens
 
 
+def _count_direct_steps(monkeypatch) -> list:
+    """What every DecoderStep call returns from now on (None where the model's forward ran)."""
+    returned, call = [], DecoderStep.__call__
+
+    def counted(self, *args):
+        returned.append(call(self, *args))
+        return returned[-1]
+
+    monkeypatch.setattr(DecoderStep, "__call__", counted)
+    return returned
+
+
 @pytest.mark.parametrize("architecture", sorted(POLICIES))
 def test_the_direct_step_gives_the_models_logits_bit_for_bit(architecture):
     model, tokenizer = POLICIES[architecture]()
@@ -89,13 +101,7 @@ def test_engine_samples_are_the_same_with_and_without_direct_steps(architecture,
     requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (3 * i, 3 * i + 1, 3 * i + 2))
                 for i, p in enumerate(PROMPTS)]
     settings = SamplingSettings(1.0, 0.9, PACKED_MIN_NEW_TOKENS + 4, stop_token_ids(tokenizer))
-    direct_steps, call = [], DecoderStep.__call__
-
-    def counted(self, *args):
-        direct_steps.append(call(self, *args))
-        return direct_steps[-1]
-
-    monkeypatch.setattr(DecoderStep, "__call__", counted)
+    direct_steps = _count_direct_steps(monkeypatch)
     direct = HFEngine(model, tokenizer.pad_token_id, 16).generate(requests, settings)
     assert sum(logits is not None for logits in direct_steps) >= PACKED_MIN_NEW_TOKENS
     through_forward = HFEngine(model, tokenizer.pad_token_id, 16, direct_steps=False).generate(requests, settings)
@@ -144,13 +150,7 @@ def test_where_the_step_does_not_apply_there_is_no_plan():
 @pytest.mark.parametrize("layers", [(0, 2, 4), (1, 3)])
 def test_lens_values_are_the_same_with_and_without_direct_steps(layers, monkeypatch):
     model, tokenizer = lora_policy(5)
-    direct_steps, call = [], DecoderStep.__call__
-
-    def counted(self, *args):
-        direct_steps.append(call(self, *args))
-        return direct_steps[-1]
-
-    monkeypatch.setattr(DecoderStep, "__call__", counted)
+    direct_steps = _count_direct_steps(monkeypatch)
     requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (2 * i, 2 * i + 1))
                 for i, p in enumerate(PROMPTS)]
     settings = SamplingSettings(1.0, 1.0, PACKED_MIN_NEW_TOKENS + 2, (), lens=LensProbe(layers))

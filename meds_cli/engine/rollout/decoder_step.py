@@ -70,8 +70,7 @@ class DecoderStep:
                 or getattr(config, "_attn_implementation", None) not in ATTENTION
                 or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
                 or getattr(config, "pretraining_tp", 1) != 1
-                or inner.training or any(_live_adapter(m) for m in model.modules())
-                or not _untouched(model, lens.hook_ids if lens is not None else set())
+                or inner.training or not _untouched(model, lens.hook_ids if lens is not None else set())
                 or type(getattr(body, "embed_tokens", None)) is not torch.nn.Embedding):
             return None
         layers = []
@@ -140,8 +139,8 @@ def _live_adapter(module) -> bool:
 
 
 def _untouched(model, allowed_hooks: set[int]) -> bool:
-    """No forward hooks on any module but `allowed_hooks` (ids), and no forward replaced except
-    the packed linear layers'."""
+    """Every module runs as the step runs it: no forward hooks but `allowed_hooks` (ids), no
+    forward replaced except the packed linear layers', no LoRA adapter live beside its base layer."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
@@ -149,6 +148,6 @@ def _untouched(model, allowed_hooks: set[int]) -> bool:
     for m in model.modules():
         if set(m._forward_hooks) - allowed_hooks or set(m._forward_pre_hooks) - allowed_hooks:
             return False
-        if "forward" in m.__dict__ and packed_group(m) is None:
+        if ("forward" in m.__dict__ and packed_group(m) is None) or _live_adapter(m):
             return False
     return True

@@ -73,8 +73,7 @@ class LensRecorder:
         def hook(module, args, kwargs):
             if self._paused:
                 return
-            states = args[0] if args else kwargs["hidden_states"]
-            self.latest[slot] = states[:, -1].detach()
+            self._store(slot, args[0] if args else kwargs["hidden_states"])
 
         return hook
 
@@ -82,7 +81,7 @@ class LensRecorder:
         def hook(module, args, output):
             if self._paused:
                 return
-            self.latest[slot] = _layer_output(output)[:, -1].detach()
+            self._store(slot, _layer_output(output))
 
         return hook
 
@@ -97,7 +96,11 @@ class LensRecorder:
         run without the modules' hooks (engine/rollout/decoder_step.py), as the hooks would."""
         for slot, n in enumerate(self.probe.layers):
             if n == layer:
-                self.latest[slot] = states[:, -1].detach()
+                self._store(slot, states)
+
+    def _store(self, slot: int, states: torch.Tensor) -> None:
+        """Keep the last position's state [rows, H] of `states` [rows, positions, H] in `slot`."""
+        self.latest[slot] = states[:, -1].detach()
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the states of `rows` (the prefill ran once per prompt; its samples are rows)."""

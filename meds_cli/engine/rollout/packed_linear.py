@@ -73,8 +73,7 @@ class _PackedGroup:
                 or (torch.is_grad_enabled() and (x.requires_grad or self.layers[member].weight.requires_grad))):
             return unpacked_forward(x)
         if x is not self.input or x._version != self.input_version:  # a new input (or changed in place)
-            flat = x.reshape(-1, x.shape[-1])
-            previous_rows, rows = self.input_rows, flat.shape[0]
+            previous_rows, rows = self.input_rows, x.numel() // x.shape[-1]
             self.input, self.input_version, self.input_rows, self.outputs = x, x._version, rows, None
             if rows != self.packed_rows and rows == previous_rows and rows <= PACKED_ROWS_MOST:
                 self._pack(rows)
