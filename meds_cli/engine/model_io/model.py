@@ -9,11 +9,8 @@ so later loads take well under a second.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import os
-import shutil
 import warnings
 from pathlib import Path
 
@@ -21,15 +18,12 @@ import torch
 import yaml
 
 from meds_cli.core.errors import UserError, nearest
+from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, publish_folder
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
 ALIASES_FILE = Path(__file__).resolve().parents[3] / "configs" / "models.yaml"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MEDS_CACHE", Path.home() / ".cache" / "meds"))
 
 
 def model_aliases() -> dict[str, str]:
@@ -63,13 +57,16 @@ def check_gguf(path: Path) -> None:
 
 
 def dequantized_copy(gguf: Path) -> Path:
-    """A safetensors copy of a GGUF model, made once per file (keyed by path, size and mtime)."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file():
+    """A safetensors copy of a GGUF model, made once per file content (the same file in another
+    place, a reinstall or a fresh clone's venv, reuses it)."""
+    target = cache_dir() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}"
+    if is_complete(target):
         return target
     check_gguf(gguf)
+    return publish_folder(target, lambda folder: _dequantize(gguf, folder))
+
+
+def _dequantize(gguf: Path, folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -82,18 +79,8 @@ def dequantized_copy(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    # A private temporary name per process: two processes converting at once both succeed,
-    # and the first rename wins.
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    try:
-        partial.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def resolve_model(name: str) -> str:

@@ -211,13 +211,21 @@ def _merged_copy(spec: ModelSpec) -> Path:
     checkpoint's weights, for vLLM."""
     import hashlib
 
-    from meds_cli.engine.model_io.model import cache_dir, load_model_and_tokenizer
+    from meds_cli.engine.model_io.cache import cache_dir, is_complete, publish_folder
+    from meds_cli.engine.model_io.model import load_model_and_tokenizer
 
     weights = spec.checkpoint / "weights.safetensors"
     key = hashlib.sha256(f"{weights.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir() / "eval-merged" / f"{spec.checkpoint.name}-{key}"
-    if (target / "config.json").is_file():
+    if is_complete(target):
         return target
+
+    def write(folder: Path) -> None:
+        model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
+        apply_checkpoint(model, spec).save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+
+    return publish_folder(target, write)
 
     model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
     model = apply_checkpoint(model, spec)

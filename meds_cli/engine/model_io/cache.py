@@ -1,0 +1,101 @@
+"""The meds cache: model folders made once and reused (dequantized GGUF models, checkpoints merged
+into their base model for vLLM).
+
+A folder is written under a private temporary name and renamed into place, so an interrupted
+or failed write (a full disk, Ctrl-C) never leaves something a later load would take for a whole
+copy, and what it had written is removed at once instead of filling the disk run after run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from meds_cli.core.errors import UserError, os_error, storage_error
+
+PARTIAL = ".partial-"  # a folder being written: NAME.partial-PID
+COMPLETE_MARK = "config.json"  # written by every model folder's save_pretrained
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEDS_CACHE", Path.home() / ".cache" / "meds"))
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / COMPLETE_MARK).is_file()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_abandoned(folder: Path) -> None:
+    """Remove the temporary folders of writers that died mid-write (killed: no cleanup ran)."""
+    if not folder.is_dir():
+        return
+    for path in folder.glob(f"*{PARTIAL}*"):
+        pid = path.name.rsplit(PARTIAL, 1)[1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_folder(target: Path, write: Callable[[Path], None]) -> Path:
+    """`target`, written by `write(folder)` into a temporary folder and renamed into place.
+
+    Two processes writing the same target at once both succeed: the first rename wins and the
+    other's copy is dropped. A full disk or a read-only cache is one line naming the cache folder
+    and MEDS_CACHE."""
+    remove_abandoned(target.parent)
+    partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write(partial)
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        failed = storage_error(error)
+        if failed is None:
+            raise
+        raise UserError(f"{os_error(failed, f'write to the meds cache in {target.parent}')}; "
+                        f"MEDS_CACHE sets where the cache is") from None
+    try:
+        partial.rename(target)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not is_complete(target):
+            raise
+    return target
+
+
+def file_digest(path: Path) -> str:
+    """A hash of the file's bytes, remembered per (path, size, mtime) in the cache so that a load
+    reads a large file once, and files with the same bytes anywhere (a reinstall, a fresh clone's
+    venv) share one cached copy."""
+    stat = path.stat()
+    where = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    memo = cache_dir() / "digests" / hashlib.sha256(where.encode()).hexdigest()[:32]
+    try:
+        known = memo.read_text().strip()
+        if len(known) == 32 and all(c in "0123456789abcdef" for c in known):
+            return known
+    except OSError:
+        pass
+    digest = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    known = digest.hexdigest()
+    try:  # a read-only cache only costs the hash next time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(known)
+    except OSError:
+        pass
+    return known

@@ -1,0 +1,164 @@
+"""The meds cache: one dequantized copy per GGUF content (not per path: every fresh clone's venv
+used to add a 540 MB copy of the embedded model), and a failed or interrupted write leaves
+nothing behind and says what to do in one line."""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from meds_cli.app import app
+from meds_cli.core.errors import UserError
+from meds_cli.engine.model_io import cache as cache_module
+from meds_cli.engine.model_io.cache import file_digest, publish_folder, remove_abandoned
+from meds_cli.engine.model_io.model import dequantized_copy
+from tests.conftest import needs_embedded
+from tests.test_model_inputs import one_error_line
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MEDS_CACHE", str(folder))
+    return folder
+
+
+def write_model(folder):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text("{}")
+
+
+def test_same_bytes_anywhere_share_one_digest(tmp_path, cache):
+    first = tmp_path / "a" / "m.gguf"
+    first.parent.mkdir()
+    first.write_bytes(b"GGUF" + bytes(range(256)) * 100)
+    second = tmp_path / "b" / "m.gguf"
+    second.parent.mkdir()
+    shutil.copyfile(first, second)
+    os.utime(second, ns=(1, 1))  # another place, another mtime: a reinstall, a fresh clone's venv
+    assert file_digest(first) == file_digest(second)
+    changed = bytearray(first.read_bytes())
+    changed[5000] ^= 1
+    third = tmp_path / "c.gguf"
+    third.write_bytes(bytes(changed))
+    assert file_digest(third) != file_digest(first)
+
+
+def test_digest_is_remembered_and_a_damaged_memo_is_ignored(tmp_path, cache, monkeypatch):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + b"x" * 5000)
+    digest = file_digest(path)
+    (memo,) = (cache / "digests").iterdir()
+    assert memo.read_text() == digest
+    reads = []
+    real_open = type(path).open
+    monkeypatch.setattr(type(path), "open", lambda self, *a, **k: reads.append(self) or real_open(self, *a, **k))
+    assert file_digest(path) == digest and path not in reads  # the memo answered
+    memo.write_text("0123")  # cut short by a writer that died
+    assert file_digest(path) == digest and path in reads
+    assert memo.read_text() == digest
+
+
+def test_a_cached_copy_is_found_from_another_path_of_the_same_file(tmp_path, cache):
+    first = tmp_path / "venv1" / "SmolLM2.gguf"
+    first.parent.mkdir()
+    first.write_bytes(b"GGUF not parsed: the cached copy answers first")
+    target = cache / "gguf" / f"SmolLM2-{file_digest(first)[:16]}"
+    target.parent.mkdir(parents=True)
+    write_model(target)
+    second = tmp_path / "venv2" / "SmolLM2.gguf"
+    second.parent.mkdir()
+    shutil.copyfile(first, second)
+    assert dequantized_copy(first) == target
+    assert dequantized_copy(second) == target
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == [target.name]
+
+
+def test_publish_renames_a_whole_folder_into_place(tmp_path):
+    target = tmp_path / "cache" / "model-1"
+    seen = []
+
+    def write(folder):
+        seen.append(folder)
+        assert not target.exists()  # nothing at the final name until the copy is whole
+        write_model(folder)
+
+    assert publish_folder(target, write) == target
+    assert (target / "model.safetensors").read_bytes() == b"weights"
+    assert seen[0].name == f"model-1.partial-{os.getpid()}" and not seen[0].exists()
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+    # safetensors' own error type, which only names the OS error in its text
+    RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),
+])
+def test_a_full_disk_mid_write_leaves_nothing_and_is_one_line(tmp_path, failure):
+    target = tmp_path / "cache" / "model-1"
+
+    def write(folder):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half of the weights")
+        raise failure
+
+    with pytest.raises(UserError) as raised:
+        publish_folder(target, write)
+    message = str(raised.value)
+    assert "No space left on device" in message and str(target.parent) in message and "MEDS_CACHE" in message
+    assert "\n" not in message
+    assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("failure", [ValueError("a bug"), KeyboardInterrupt()])
+def test_other_failures_propagate_and_leave_nothing(tmp_path, failure):
+    target = tmp_path / "cache" / "model-1"
+
+    def write(folder):
+        write_model(folder)
+        raise failure
+
+    with pytest.raises(type(failure)):
+        publish_folder(target, write)
+    assert list(target.parent.iterdir()) == []
+
+
+def test_a_copy_finished_first_by_another_process_wins(tmp_path):
+    target = tmp_path / "cache" / "model-1"
+
+    def write(folder):
+        write_model(folder)
+        write_model(target)  # the other process renamed its copy in while this one wrote
+
+    assert publish_folder(target, write) == target
+    assert [p.name for p in target.parent.iterdir()] == ["model-1"]
+
+
+def test_folders_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # exited: no process has this id now (ids are not reused this fast)
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    abandoned = folder / f"model-1{cache_module.PARTIAL}{dead_pid}"
+    live = folder / f"model-2{cache_module.PARTIAL}{os.getppid()}"
+    whole = folder / "model-3"
+    for path in (abandoned, live, whole):
+        write_model(path)
+    remove_abandoned(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, whole.name])
+
+
+@needs_embedded
+def test_cache_that_cannot_be_written_is_one_line_for_train(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("MEDS_CACHE", str(blocker / "cache"))
+    result = CliRunner().invoke(app, ["train", "--model", "smollm2-135m", "--steps", "1",
+                                      "--output", str(tmp_path / "run")])
+    line = one_error_line(result)
+    assert "meds cache" in line and "MEDS_CACHE" in line and str(blocker) in line
+    assert not (tmp_path / "run").exists()
