@@ -5,6 +5,7 @@ nothing behind and says what to do in one line."""
 import errno
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -90,7 +91,7 @@ def test_publish_renames_a_whole_folder_into_place(tmp_path):
 
     assert publish_folder(target, write) == target
     assert (target / "model.safetensors").read_bytes() == b"weights"
-    assert seen[0].name == f"model-1.partial-{os.getpid()}" and not seen[0].exists()
+    assert seen[0].name == f"model-1.partial-{socket.gethostname()}-{os.getpid()}" and not seen[0].exists()
 
 
 @pytest.mark.parametrize("failure", [
@@ -138,18 +139,21 @@ def test_a_copy_finished_first_by_another_process_wins(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["model-1"]
 
 
-def test_folders_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+def test_folders_of_dead_writers_are_removed_and_others_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)  # exited: no process has this id now (ids are not reused this fast)
+    host = socket.gethostname()
     folder = tmp_path / "gguf"
     folder.mkdir()
-    abandoned = folder / f"model-1{cache_module.PARTIAL}{dead_pid}"
-    live = folder / f"model-2{cache_module.PARTIAL}{os.getppid()}"
+    abandoned = folder / f"model-1{cache_module.PARTIAL}{host}-{dead_pid}"
+    live = folder / f"model-2{cache_module.PARTIAL}{host}-{os.getppid()}"
+    # another node of a cluster sharing the cache: its process ids mean nothing here
+    elsewhere = folder / f"model-4{cache_module.PARTIAL}other-node-7-{dead_pid}"
     whole = folder / "model-3"
-    for path in (abandoned, live, whole):
+    for path in (abandoned, live, elsewhere, whole):
         write_model(path)
     remove_abandoned(folder)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, whole.name])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, elsewhere.name, whole.name])
 
 
 @needs_embedded

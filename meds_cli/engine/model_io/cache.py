@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from meds_cli.core.errors import UserError, os_error, storage_error
 
-PARTIAL = ".partial-"  # a folder being written: NAME.partial-PID
+PARTIAL = ".partial-"  # a folder being written: NAME.partial-HOST-PID
 COMPLETE_MARK = "config.json"  # written by every model folder's save_pretrained
 
 
@@ -38,13 +39,21 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _writer_tag() -> str:
+    # The host too: a cache in a home folder shared by a cluster's nodes holds other machines'
+    # writers, whose process ids mean nothing here.
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def remove_abandoned(folder: Path) -> None:
-    """Remove the temporary folders of writers that died mid-write (killed: no cleanup ran)."""
+    """Remove the temporary folders of this machine's writers that died mid-write (killed: no
+    cleanup ran)."""
     if not folder.is_dir():
         return
+    host = socket.gethostname()
     for path in folder.glob(f"*{PARTIAL}*"):
-        pid = path.name.rsplit(PARTIAL, 1)[1]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        writer_host, _, pid = path.name.rsplit(PARTIAL, 1)[1].rpartition("-")
+        if writer_host == host and pid.isdigit() and not _process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -55,7 +64,7 @@ def publish_folder(target: Path, write: Callable[[Path], None]) -> Path:
     other's copy is dropped. A full disk or a read-only cache is one line naming the cache folder
     and MEDS_CACHE."""
     remove_abandoned(target.parent)
-    partial = target.with_name(f"{target.name}{PARTIAL}{os.getpid()}")
+    partial = target.with_name(f"{target.name}{PARTIAL}{_writer_tag()}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         write(partial)
