@@ -8,20 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from meds_cli.app import app
+from tests.cli_errors import one_error_line
 
 runner = CliRunner()
 
 
 def invoke(*args):
     return runner.invoke(app, list(args))
-
-
-def one_error_line(result):
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert result.exit_code == 2, result.output
-    assert len(lines) == 1, result.output
-    assert lines[0].startswith("error:"), result.output
-    return lines[0]
 
 
 def test_version():

@@ -14,6 +14,7 @@ from benchmarks.passk import maj_at_k, pass_at_k
 from meds_cli.app import app
 from meds_cli.engine.rollout import eval_backends
 from meds_cli.engine.rollout.eval_backends import ModelSpec, apply_checkpoint
+from tests.cli_errors import one_error_line
 from tests.conftest import needs_embedded, tiny_config
 
 runner = CliRunner()
@@ -44,13 +45,6 @@ def data_dir(tmp_path_factory):
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result):
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert result.exit_code == 2, result.output
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    return lines[0]
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import all_steps, checkpoint_path, write_manifest
 from meds_cli.engine.run_folders.resume import RESUMES_FILE
 from meds_cli.engine.run_folders.state_codec import load_state
+from tests.cli_errors import one_error_line
 from tests.hostile import plant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,14 +35,6 @@ TRAIN = ["train", "--model", "tiny-llama", "--task", "copy", "--algo", "grpo", "
 
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def one_error_line(result) -> str:
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert result.exit_code == 2, result.output
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def final_error_line(result) -> str:

@@ -17,8 +17,8 @@ from meds_cli.core.errors import UserError
 from meds_cli.engine.model_io import cache as cache_module
 from meds_cli.engine.model_io.cache import file_digest, publish_folder, remove_abandoned
 from meds_cli.engine.model_io.model import dequantized_copy
+from tests.cli_errors import one_error_line
 from tests.conftest import needs_embedded
-from tests.test_model_inputs import one_error_line
 
 
 @pytest.fixture

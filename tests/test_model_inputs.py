@@ -9,13 +9,7 @@ from typer.testing import CliRunner
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
 from meds_cli.engine.model_io.model import load_model_and_tokenizer, precheck_model
-
-
-def one_error_line(result) -> str:
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert result.exit_code == 2, result.output
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output, result.output
-    return lines[0]
+from tests.cli_errors import one_error_line
 
 
 def bad_models(tmp_path) -> dict:
