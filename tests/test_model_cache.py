@@ -10,12 +10,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
 from meds_cli.engine.model_io import cache as cache_module
-from meds_cli.engine.model_io.cache import file_digest, publish_folder, remove_abandoned
+from meds_cli.engine.model_io.cache import file_digest, publish_folder, remove_abandoned, reuse
 from meds_cli.engine.model_io.model import dequantized_copy
 from tests.cli_errors import one_error_line
 from tests.conftest import needs_embedded
@@ -166,3 +167,42 @@ def test_cache_that_cannot_be_written_is_one_line_for_train(tmp_path, monkeypatc
     line = one_error_line(result)
     assert "meds cache" in line and "MEDS_CACHE" in line and str(blocker) in line
     assert not (tmp_path / "run").exists()
+
+
+def test_keep_leaves_the_most_recently_used_copies(tmp_path):
+    folder = tmp_path / "eval-merged"
+    for i, name in enumerate(["step_1", "step_2"]):
+        publish_folder(folder / name, write_model, keep=2)
+        os.utime(folder / name, (1000 + i, 1000 + i))
+    assert reuse(folder / "step_1")  # used again: now the newest
+    publish_folder(folder / "step_3", write_model, keep=2)
+    assert sorted(p.name for p in folder.iterdir()) == ["step_1", "step_3"]
+    assert not reuse(folder / "step_2")
+
+
+def test_a_full_fine_tune_is_merged_once_into_the_cache_for_vllm(tmp_path, cache, monkeypatch):
+    from safetensors.torch import save_file
+
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, _merged_copy
+
+    base, tokenizer = tiny_model_and_tokenizer(layers=2, hidden=32)
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    trained = {name: tensor + 1.0 for name, tensor in base.state_dict().items() if "layers.1.mlp" in name}
+    assert trained  # the checkpoint changes some weights, so applying it shows
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2"
+    checkpoint.mkdir(parents=True)
+    save_file(trained, str(checkpoint / "weights.safetensors"))
+    spec = ModelSpec(name=str(tmp_path / "base"), checkpoint=checkpoint, dtype="float32")
+
+    merged = _merged_copy(spec)
+    assert merged.parent == cache / "eval-merged" and [p.name for p in merged.parent.iterdir()] == [merged.name]
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(merged).state_dict()
+    for name, tensor in base.state_dict().items():
+        assert torch.equal(state[name], trained.get(name, tensor)), name
+    monkeypatch.setattr("meds_cli.engine.model_io.model.load_model_and_tokenizer",
+                        lambda *a, **k: pytest.fail("merged again"))
+    assert _merged_copy(spec) == merged

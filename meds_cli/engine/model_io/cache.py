@@ -29,6 +29,18 @@ def is_complete(folder: Path) -> bool:
     return (folder / COMPLETE_MARK).is_file()
 
 
+def reuse(folder: Path) -> bool:
+    """Whether `folder` is a whole cached copy; if so it is marked as used (its mtime), which
+    decides what `publish_folder(keep=...)` keeps."""
+    if not is_complete(folder):
+        return False
+    try:
+        os.utime(folder)
+    except OSError:  # a read-only cache is still read
+        pass
+    return True
+
+
 def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -57,8 +69,9 @@ def remove_abandoned(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def publish_folder(target: Path, write: Callable[[Path], None]) -> Path:
-    """`target`, written by `write(folder)` into a temporary folder and renamed into place.
+def publish_folder(target: Path, write: Callable[[Path], None], keep: int | None = None) -> Path:
+    """`target`, written by `write(folder)` into a temporary folder and renamed into place; with
+    `keep`, only the `keep` most recently used whole copies beside it are kept.
 
     Two processes writing the same target at once both succeed: the first rename wins and the
     other's copy is dropped. A full disk or a read-only cache is one line naming the cache folder
@@ -81,7 +94,16 @@ def publish_folder(target: Path, write: Callable[[Path], None]) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         if not is_complete(target):
             raise
+    if keep is not None:
+        _keep_newest(target, keep)
     return target
+
+
+def _keep_newest(target: Path, keep: int) -> None:
+    copies = [path for path in target.parent.iterdir() if path != target and is_complete(path)]
+    copies.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    for path in copies[max(keep - 1, 0):]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def file_digest(path: Path) -> str:

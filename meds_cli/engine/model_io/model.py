@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, publish_folder
+from meds_cli.engine.model_io.cache import cache_dir, file_digest, publish_folder, reuse
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
@@ -60,7 +60,7 @@ def dequantized_copy(gguf: Path) -> Path:
     """A safetensors copy of a GGUF model, made once per file content (the same file in another
     place, a reinstall or a fresh clone's venv, reuses it)."""
     target = cache_dir() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}"
-    if is_complete(target):
+    if reuse(target):
         return target
     check_gguf(gguf)
     return publish_folder(target, lambda folder: _dequantize(gguf, folder))

@@ -206,18 +206,23 @@ class VLLMBackend:
         return generate_with(self.engine, self.tokenizer, requests, self.settings)
 
 
+# Each merged copy is a whole model: evaluating a run's checkpoints one after another would
+# otherwise leave a model's worth of disk per checkpoint in the cache.
+MERGED_COPIES_KEPT = 2
+
+
 def _merged_copy(spec: ModelSpec) -> Path:
-    """A model folder (in the meds cache, once per checkpoint) holding the base model with the
-    checkpoint's weights, for vLLM."""
+    """A model folder (in the meds cache, once per checkpoint, the two most recently used kept)
+    holding the base model with the checkpoint's weights, for vLLM."""
     import hashlib
 
-    from meds_cli.engine.model_io.cache import cache_dir, is_complete, publish_folder
+    from meds_cli.engine.model_io.cache import cache_dir, publish_folder, reuse
     from meds_cli.engine.model_io.model import load_model_and_tokenizer
 
     weights = spec.checkpoint / "weights.safetensors"
     key = hashlib.sha256(f"{weights.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir() / "eval-merged" / f"{spec.checkpoint.name}-{key}"
-    if is_complete(target):
+    if reuse(target):
         return target
 
     def write(folder: Path) -> None:
@@ -225,10 +230,4 @@ def _merged_copy(spec: ModelSpec) -> Path:
         apply_checkpoint(model, spec).save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
 
-    return publish_folder(target, write)
-
-    model, tokenizer = load_model_and_tokenizer(spec.name, _dtype(spec))
-    model = apply_checkpoint(model, spec)
-    model.save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
-    return target
+    return publish_folder(target, write, keep=MERGED_COPIES_KEPT)
