@@ -206,3 +206,23 @@ def test_a_full_fine_tune_is_merged_once_into_the_cache_for_vllm(tmp_path, cache
     monkeypatch.setattr("meds_cli.engine.model_io.model.load_model_and_tokenizer",
                         lambda *a, **k: pytest.fail("merged again"))
     assert _merged_copy(spec) == merged
+
+
+def test_a_new_copy_removes_the_path_keyed_copies_older_meds_made(tmp_path, cache, monkeypatch):
+    from meds_cli.engine.model_io import model as model_module
+
+    gguf = tmp_path / "SmolLM2.gguf"
+    gguf.write_bytes(b"GGUF" + b"\x00" * 64)
+    folder = cache / "gguf"
+    folder.mkdir(parents=True)
+    legacy = [folder / "SmolLM2-02319df48a2f66be", folder / "SmolLM2-0afbfe4f086a6745"]
+    other_model = folder / "Qwen-5fc4dc5600c5da7d"  # another file's copy: not this one's to remove
+    for path in (*legacy, other_model):
+        write_model(path)
+    converted = []
+    monkeypatch.setattr(model_module, "_dequantize", lambda source, out: converted.append(source) or write_model(out))
+
+    target = dequantized_copy(gguf)
+    assert converted == [gguf] and (target / model_module.COPY_SOURCE).is_file()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([target.name, other_model.name])
+    assert dequantized_copy(gguf) == target and converted == [gguf]  # kept: it is keyed by content

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 import yaml
 
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.engine.model_io.cache import cache_dir, file_digest, publish_folder, reuse
+from meds_cli.engine.model_io.cache import PARTIAL, cache_dir, file_digest, is_complete, publish_folder, reuse
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
@@ -56,14 +57,34 @@ def check_gguf(path: Path) -> None:
         raise UserError(f"--model '{path}' is not a GGUF file (it does not start with the GGUF header)")
 
 
+# Marks a dequantized copy keyed by content; copies without it were made by an older meds.
+COPY_SOURCE = "meds-source.json"
+
+
 def dequantized_copy(gguf: Path) -> Path:
     """A safetensors copy of a GGUF model, made once per file content (the same file in another
     place, a reinstall or a fresh clone's venv, reuses it)."""
-    target = cache_dir() / "gguf" / f"{gguf.stem}-{file_digest(gguf)[:16]}"
+    digest = file_digest(gguf)
+    target = cache_dir() / "gguf" / f"{gguf.stem}-{digest[:16]}"
     if reuse(target):
         return target
     check_gguf(gguf)
-    return publish_folder(target, lambda folder: _dequantize(gguf, folder))
+
+    def write(folder: Path) -> None:
+        _dequantize(gguf, folder)
+        (folder / COPY_SOURCE).write_text(json.dumps({"file": gguf.name, "digest": digest}) + "\n")
+
+    publish_folder(target, write)
+    _remove_path_keyed_copies(target.parent, gguf.stem)
+    return target
+
+
+def _remove_path_keyed_copies(folder: Path, stem: str) -> None:
+    """Copies of a GGUF of this name made before copies were keyed by content: keyed by path,
+    one per venv that held the file, never read again."""
+    for path in folder.glob(f"{stem}-*"):
+        if PARTIAL not in path.name and is_complete(path) and not (path / COPY_SOURCE).is_file():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _dequantize(gguf: Path, folder: Path) -> None:
