@@ -175,8 +175,11 @@ def test_keep_leaves_the_most_recently_used_copies(tmp_path):
         publish_folder(folder / name, write_model, keep=2)
         os.utime(folder / name, (1000 + i, 1000 + i))
     assert reuse(folder / "step_1")  # used again: now the newest
+    in_progress = folder / f"step_9{cache_module.PARTIAL}other-host-1"  # another writer's, config.json first
+    write_model(in_progress)
+    os.utime(in_progress, (1, 1))
     publish_folder(folder / "step_3", write_model, keep=2)
-    assert sorted(p.name for p in folder.iterdir()) == ["step_1", "step_3"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["step_1", "step_3", in_progress.name])
     assert not reuse(folder / "step_2")
 
 
@@ -216,13 +219,14 @@ def test_a_new_copy_removes_the_path_keyed_copies_older_meds_made(tmp_path, cach
     folder = cache / "gguf"
     folder.mkdir(parents=True)
     legacy = [folder / "SmolLM2-02319df48a2f66be", folder / "SmolLM2-0afbfe4f086a6745"]
-    other_model = folder / "Qwen-5fc4dc5600c5da7d"  # another file's copy: not this one's to remove
-    for path in (*legacy, other_model):
+    other_model = folder / "Qwen-5fc4dc5600c5da7d"  # another file's copies: not this one's to remove
+    other_name = folder / "SmolLM2-instruct-5fc4dc5600c5da7d"
+    for path in (*legacy, other_model, other_name):
         write_model(path)
     converted = []
     monkeypatch.setattr(model_module, "_dequantize", lambda source, out: converted.append(source) or write_model(out))
 
     target = dequantized_copy(gguf)
     assert converted == [gguf] and (target / model_module.COPY_SOURCE).is_file()
-    assert sorted(p.name for p in folder.iterdir()) == sorted([target.name, other_model.name])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([target.name, other_model.name, other_name.name])
     assert dequantized_copy(gguf) == target and converted == [gguf]  # kept: it is keyed by content

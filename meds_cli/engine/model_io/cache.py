@@ -100,7 +100,9 @@ def publish_folder(target: Path, write: Callable[[Path], None], keep: int | None
 
 
 def _keep_newest(target: Path, keep: int) -> None:
-    copies = [path for path in target.parent.iterdir() if path != target and is_complete(path)]
+    # Not the folders being written: config.json comes first in them, before the weights.
+    copies = [path for path in target.parent.iterdir()
+              if path != target and PARTIAL not in path.name and is_complete(path)]
     copies.sort(key=lambda path: path.stat().st_mtime, reverse=True)
     for path in copies[max(keep - 1, 0):]:
         shutil.rmtree(path, ignore_errors=True)
