@@ -230,3 +230,11 @@ def test_a_new_copy_removes_the_path_keyed_copies_older_meds_made(tmp_path, cach
     assert converted == [gguf] and (target / model_module.COPY_SOURCE).is_file()
     assert sorted(p.name for p in folder.iterdir()) == sorted([target.name, other_model.name, other_name.name])
     assert dequantized_copy(gguf) == target and converted == [gguf]  # kept: it is keyed by content
+
+
+def test_an_empty_meds_cache_means_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MEDS_CACHE", "")
+    assert cache_module.cache_dir() == tmp_path / ".cache" / "meds"
+    monkeypatch.setenv("MEDS_CACHE", str(tmp_path / "elsewhere"))
+    assert cache_module.cache_dir() == tmp_path / "elsewhere"

@@ -22,7 +22,8 @@ COMPLETE_MARK = "config.json"  # written by every model folder's save_pretrained
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MEDS_CACHE", Path.home() / ".cache" / "meds"))
+    # An empty MEDS_CACHE (a shell's `export MEDS_CACHE=`) means unset, not the current folder.
+    return Path(os.environ.get("MEDS_CACHE") or Path.home() / ".cache" / "meds")
 
 
 def is_complete(folder: Path) -> bool:
