@@ -7,11 +7,15 @@ ACCELERATE_USE_CPU=1 makes Accelerate join them in a gloo group on the CPU. Ever
 through here reports the world size it saw, and the tests check it.
 """
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,6 +26,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes started by `pid`, their children and so on (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def launch_cpu(processes: int, script_args: list[str], *, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `accelerate launch ... SCRIPT_ARGS` with `processes` CPU processes; fails the test on a
     non-zero exit, showing the end of stderr."""
@@ -29,6 +48,17 @@ def launch_cpu(processes: int, script_args: list[str], *, timeout: int = 600) ->
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", str(processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *script_args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # The workers too: torch.distributed.run starts each in its own session, and a hung
+            # worker left running holds the output pipes open (and the test with them).
+            for pid in [*descendants(launcher.pid), launcher.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            stdout, stderr = launcher.communicate()
+            pytest.fail(f"the launch did not end within {timeout} s; its stderr ends:\n{stderr[-4000:]}")
+    assert launcher.returncode == 0, stderr[-4000:]
+    return subprocess.CompletedProcess(cmd, launcher.returncode, stdout, stderr)

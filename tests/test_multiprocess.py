@@ -85,3 +85,13 @@ def test_fsdp2_training_resumes_exactly(tmp_path):
     assert wa.keys() == wb.keys() and wa
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert (split / "checkpoints/step_4/adapter/adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_hung_launch_fails_and_leaves_no_worker_behind(tmp_path):
+    with pytest.raises(pytest.fail.Exception, match="did not end within 30 s"):
+        launch_cpu(2, [str(ROOT / "tests" / "hung_worker.py"), str(tmp_path)], timeout=30)
+    pids = [int(path.read_text()) for path in tmp_path.glob("pid-*")]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()

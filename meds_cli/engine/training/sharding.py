@@ -20,6 +20,7 @@ What the loop needs from a sharded model, and gets from this module:
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -259,10 +260,20 @@ def global_sum(accelerator, value: float) -> float:
     return float(accelerator.reduce(total, reduction="sum").item())
 
 
+BARRIER_SETTLE_S = 0.5
+
+
 def close_process_group(accelerator) -> None:
     """Every process has finished: tear the process group down here rather than at interpreter
     exit, where gloo's threads are destroyed in no set order and a process sometimes aborts
     ("terminate called without an active exception") after a run that succeeded."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         accelerator.wait_for_everyone()
+        # The barrier returns as soon as its work is done, but a gloo worker thread still has to
+        # free that work, which takes the GIL. DDP's reducer keeps the group alive past
+        # destroy_process_group; when it is freed, the group joins its worker threads with the
+        # GIL held, so a worker still waiting for the GIL hangs the process for good (seen once
+        # in CI: rank 0 stuck in ~ProcessGroupGloo, its worker in ~AsyncBarrierWork). Sleeping
+        # releases the GIL and lets the workers finish first.
+        time.sleep(BARRIER_SETTLE_S)
         torch.distributed.destroy_process_group()
