@@ -270,10 +270,11 @@ def close_process_group(accelerator) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         accelerator.wait_for_everyone()
         # The barrier returns as soon as its work is done, but a gloo worker thread still has to
-        # free that work, which takes the GIL. DDP's reducer keeps the group alive past
-        # destroy_process_group; when it is freed, the group joins its worker threads with the
-        # GIL held, so a worker still waiting for the GIL hangs the process for good (seen once
-        # in CI: rank 0 stuck in ~ProcessGroupGloo, its worker in ~AsyncBarrierWork). Sleeping
-        # releases the GIL and lets the workers finish first.
+        # free that work and the ones it waited on, and freeing the last backward's all-reduces
+        # takes the GIL (torch keeps the backward's contextvars in their thread-local state).
+        # DDP's reducer keeps the group alive past destroy_process_group; when it is freed, the
+        # group joins its worker threads with the GIL held, so a worker still waiting for the GIL
+        # hangs the process for good (seen once in CI: rank 0 stuck in ~ProcessGroupGloo, its
+        # worker in ~AsyncBarrierWork). Sleeping releases the GIL and lets the workers finish.
         time.sleep(BARRIER_SETTLE_S)
         torch.distributed.destroy_process_group()
