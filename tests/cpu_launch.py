@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from meds_cli.core.processes import parent_pid
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -27,12 +29,10 @@ def free_port() -> int:
 
 
 def descendants(pid: int) -> list[int]:
-    """The processes started by `pid`, their children and so on (read from /proc)."""
+    """The processes started by `pid`, their children and so on."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        children.setdefault(parent_pid(int(entry.name)), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock, holder_is_gone, process_start_time
+from meds_cli.core.processes import process_start_time
+from meds_cli.engine.run_folders.run_lock import LOCK_NAME, RunLock, holder_is_gone
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = """

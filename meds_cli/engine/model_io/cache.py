@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meds_cli.core.errors import UserError, os_error, storage_error
+from meds_cli.core.processes import process_alive
 
 PARTIAL = ".partial-"  # a folder being written: NAME.partial-HOST-PID
 COMPLETE_MARK = "config.json"  # written by every model folder's save_pretrained
@@ -42,16 +43,6 @@ def reuse(folder: Path) -> bool:
     return True
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
 def _writer_tag() -> str:
     # The host too: a cache in a home folder shared by a cluster's nodes holds other machines'
     # writers, whose process ids mean nothing here.
@@ -66,7 +57,7 @@ def remove_abandoned(folder: Path) -> None:
     host = socket.gethostname()
     for path in folder.glob(f"*{PARTIAL}*"):
         writer_host, _, pid = path.name.rsplit(PARTIAL, 1)[1].rpartition("-")
-        if writer_host == host and pid.isdigit() and not _process_alive(int(pid)):
+        if writer_host == host and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -109,6 +100,11 @@ def _keep_newest(target: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def is_hex_key(text: str, length: int) -> bool:
+    """Whether `text` is a key of `length` lowercase hex digits, as this cache names things."""
+    return len(text) == length and all(c in "0123456789abcdef" for c in text)
+
+
 def file_digest(path: Path) -> str:
     """A hash of the file's bytes, remembered per (path, size, mtime) in the cache so that a load
     reads a large file once, and files with the same bytes anywhere (a reinstall, a fresh clone's
@@ -118,7 +114,7 @@ def file_digest(path: Path) -> str:
     memo = cache_dir() / "digests" / hashlib.sha256(where.encode()).hexdigest()[:32]
     try:
         known = memo.read_text().strip()
-        if len(known) == 32 and all(c in "0123456789abcdef" for c in known):
+        if is_hex_key(known, 32):  # not one cut short by a writer that died
             return known
     except OSError:
         pass

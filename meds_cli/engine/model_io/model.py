@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from meds_cli.core.errors import UserError, nearest
-from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, publish_folder, reuse
+from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, is_hex_key, publish_folder, reuse
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
@@ -83,9 +83,9 @@ def _remove_path_keyed_copies(folder: Path, stem: str) -> None:
     """Copies of a GGUF of this name made before copies were keyed by content: keyed by path,
     one per venv that held the file, never read again."""
     for path in folder.glob(f"{stem}-*"):
-        key = path.name[len(stem) + 1:]  # not another file's whose name starts with this one's
-        path_keyed = len(key) == 16 and all(c in "0123456789abcdef" for c in key)
-        if path_keyed and is_complete(path) and not (path / COPY_SOURCE).is_file():
+        # NAME-KEY exactly: not the copies of another file whose name starts with this one's
+        if (is_hex_key(path.name[len(stem) + 1:], 16) and is_complete(path)
+                and not (path / COPY_SOURCE).is_file()):
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -214,13 +214,10 @@ MERGED_COPIES_KEPT = 2
 def _merged_copy(spec: ModelSpec) -> Path:
     """A model folder (in the meds cache, once per checkpoint, the two most recently used kept)
     holding the base model with the checkpoint's weights, for vLLM."""
-    import hashlib
-
-    from meds_cli.engine.model_io.cache import cache_dir, publish_folder, reuse
+    from meds_cli.engine.model_io.cache import cache_dir, file_digest, publish_folder, reuse
     from meds_cli.engine.model_io.model import load_model_and_tokenizer
 
-    weights = spec.checkpoint / "weights.safetensors"
-    key = hashlib.sha256(f"{weights.resolve()}:{weights.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    key = file_digest(spec.checkpoint / "weights.safetensors")[:16]
     target = cache_dir() / "eval-merged" / f"{spec.checkpoint.name}-{key}"
     if reuse(target):
         return target

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.processes import process_alive, process_start_time
 
 LOCK_NAME = ".lock"
 
@@ -27,33 +28,6 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
-
-
-def process_start_time(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks since boot (Linux), or None where unknown.
-    Tells a live holder from an unrelated process that got the same pid later."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count fields after its ')'.
-    fields = stat[stat.rfind(")") + 2:].split()
-    try:
-        return int(fields[19])  # field 22 of the whole line
-    except (IndexError, ValueError):
-        return None
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    except OSError:
-        return False
-    return True
 
 
 def holder_info() -> dict:
