@@ -8,11 +8,15 @@ from tests.rollout_factory import make_rollouts
 
 
 def test_distinct_answers_and_wrong_answers_per_group():
-    # group 1: answers 0.5, \frac{1}{2} (one answer), 3 (correct), none -> 2 distinct, 1 distinct wrong
-    # group 2: 7, 8, 9, 7, all wrong -> 3 distinct, 3 distinct wrong
+    # group 1: answers 0.5, \frac{1}{2} (one answer), 3 (correct), none -> 2 distinct, 1 distinct wrong, 1 correct
+    # group 2: 7, 8, 9, 7, all wrong -> 3 distinct, 3 distinct wrong, 0 correct
     batch = make_rollouts([False, False, True, False, False, False, False, False], 4,
                           answers=["0.5", "\\frac{1}{2}", "3", None, "7", "8", "9", "7"])
-    assert distinct_answers(batch) == (pytest.approx(2.5), pytest.approx(2.0))
+    assert distinct_answers(batch) == pytest.approx(2.5)
+    assert distinct_answers(batch, correct=False) == pytest.approx(2.0)
+    assert distinct_answers(batch, correct=True) == pytest.approx(0.5)
+    batch.rewards = torch.zeros(8)
+    assert rollout_metrics(batch)["distinct_correct_answers_per_group"] == pytest.approx(0.5)
 
 
 def test_rollout_metrics():

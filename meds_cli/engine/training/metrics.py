@@ -9,17 +9,16 @@ from benchmarks.answer_extraction import answer_key
 from meds_cli.core.rollouts import Rollouts
 
 
-def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:
-    """Mean over groups of (distinct final answers, distinct wrong final answers), answers
-    compared by the maj@k key (0.5 and \\frac{1}{2} are one); no answer is not an answer."""
-    all_counts, wrong_counts = [], []
+def distinct_answers(rollouts: Rollouts, correct: bool | None = None) -> float:
+    """Mean over groups of the distinct final answers (only the correct ones, or only the wrong
+    ones, when `correct` says), answers compared by the maj@k key (0.5 and \\frac{1}{2} are one);
+    no answer is not an answer."""
+    counts = []
     for rows in rollouts.groups():
         verdicts = rollouts.verdicts[rows]
-        keys = [answer_key(v.extracted) for v in verdicts]
-        all_counts.append(len({k for k in keys if k is not None}))
-        wrong_counts.append(len({k for k, v in zip(keys, verdicts) if k is not None and not v.correct}))
-    n = max(len(all_counts), 1)
-    return sum(all_counts) / n, sum(wrong_counts) / n
+        counts.append(len({answer_key(v.extracted) for v in verdicts if correct is None or v.correct == correct}
+                          - {None}))
+    return sum(counts) / max(len(counts), 1)
 
 
 def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
@@ -36,9 +35,9 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     }
     for name, values in rollouts.reward_components.items():
         metrics[f"reward/{name}"] = values.float().mean().item()
-    distinct, distinct_wrong = distinct_answers(rollouts)
-    metrics["distinct_answers_per_group"] = distinct
-    metrics["distinct_wrong_answers_per_group"] = distinct_wrong
+    metrics["distinct_answers_per_group"] = distinct_answers(rollouts)
+    metrics["distinct_wrong_answers_per_group"] = distinct_answers(rollouts, correct=False)
+    metrics["distinct_correct_answers_per_group"] = distinct_answers(rollouts, correct=True)
     return metrics
 
 
