@@ -270,8 +270,9 @@ PLUGINS = {
                  "train.ppo_epochs=2"],
     "entropy-bonus": ["algo.name=grpo", "grpo.entropy_coef=0.01"],
 }
-METRIC = {"passk": "loss", "w-reinforce": "w-reinforce/reweighted", "unlikeliness": "unlikeliness/penalty_mean",
-          "outcome-ucb": "outcome-ucb/bonus_mean", "clip-cov": "clip_cov_share", "entropy-bonus": "entropy_bonus"}
+METRIC = {"passk": "advantage/positive_mean", "w-reinforce": "w-reinforce/reweighted",
+          "unlikeliness": "unlikeliness/penalty_mean", "outcome-ucb": "outcome-ucb/bonus_mean",
+          "clip-cov": "clip_cov_share", "entropy-bonus": "entropy_bonus"}
 
 
 @pytest.mark.parametrize("name", list(PLUGINS))
@@ -289,13 +290,17 @@ def test_one_training_step_on_the_tiny_model(tmp_path, name):
 
 @pytest.mark.slow
 @needs_embedded
-def test_one_real_step_of_each_shaping_method_on_smollm2(tmp_path):
-    from meds_cli.engine.trainer import Trainer
+@pytest.mark.parametrize("name", list(PLUGINS))
+def test_one_meds_train_step_of_the_embedded_model(tmp_path, name):
+    from typer.testing import CliRunner
 
-    for name in ("w-reinforce", "unlikeliness", "outcome-ucb"):
-        cfg = tiny_config("model.name=smollm2-135m", "task.name=arithmetic", f"algo.name={name}", "algo.base=grpo",
-                          "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32",
-                          "rollout.generation_batch_size=8", "train.micro_batch_size=4", "train.steps=1",
-                          output_dir=tmp_path / name)
-        row = Trainer(cfg, tmp_path / name).train_step()
-        assert math.isfinite(row["loss"]) and METRIC[name] in row
+    from meds_cli.app import app
+
+    sets = ["algo.base=grpo", "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
+            "rollout.max_new_tokens=32", "train.micro_batch_size=4", *PLUGINS[name]]
+    config = Path(__file__).resolve().parent.parent / "configs" / "smollm2.yaml"
+    result = CliRunner().invoke(app, ["train", "-c", str(config), "--output", str(tmp_path / "run"), "-q",
+                                      *sum((["--set", s] for s in sets), [])])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert math.isfinite(row["loss"]) and METRIC[name] in row

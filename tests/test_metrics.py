@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from meds_cli.engine.training.metrics import distinct_answers, rollout_metrics
+from meds_cli.engine.training.metrics import advantage_metrics, distinct_answers, rollout_metrics
 from tests.rollout_factory import make_rollouts
 
 
@@ -28,3 +28,11 @@ def test_rollout_metrics():
     assert m["response_length_mean"] == pytest.approx(13 / 4) and m["response_length_max"] == 4
     assert m["truncated_share"] == 0.25
     assert m["zero_spread_group_share"] == 0.5  # group 2 is all wrong
+
+
+def test_advantage_metrics():
+    # positives 1.5 and 0.5 -> mean 1; negatives -0.5, -1.5 -> mean -1; two of six are 0
+    m = advantage_metrics(torch.tensor([1.5, -0.5, 0.0, 0.5, -1.5, 0.0]))
+    assert m == {"advantage/positive_mean": 1.0, "advantage/negative_mean": -1.0,
+                 "advantage/zero_share": pytest.approx(2 / 6)}
+    assert advantage_metrics(torch.zeros(2, 3)) == {}  # per-token advantages: not summarised here

@@ -41,13 +41,26 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     return metrics
 
 
+def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
+    """How the advantages weigh the responses (sequence-level ones, [B]): the mean of the positive
+    and of the negative ones and the share that are 0, so methods that reweight responses
+    (an estimator such as passk, W-REINFORCE) can be compared with GRPO step by step."""
+    if advantages is None or advantages.dim() != 1 or advantages.numel() == 0:
+        return {}
+    positive, negative = advantages[advantages > 0], advantages[advantages < 0]
+    return {"advantage/positive_mean": positive.mean().item() if positive.numel() else 0.0,
+            "advantage/negative_mean": negative.mean().item() if negative.numel() else 0.0,
+            "advantage/zero_share": (advantages == 0).float().mean().item()}
+
+
 def trained_metrics(batch: Rollouts) -> dict[str, float]:
     """Metrics of the responses that trained: the policy's mean entropy over their tokens (at the
-    sampling temperature), from the scoring pass or the update's own forward."""
+    sampling temperature), from the scoring pass or the update's own forward; the advantages' summary."""
+    metrics = advantage_metrics(batch.advantages)
     if batch.entropy is None:
-        return {}
+        return metrics
     mask = batch.response_mask
-    return {"entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
+    return {**metrics, "entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
 
 
 def mean_of(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
