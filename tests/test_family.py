@@ -56,6 +56,7 @@ def rewarded(algo, r: Rollouts) -> Rollouts:
 
 @pytest.mark.parametrize("case", REFERENCES["passk"]["cases"], ids=lambda c: f"k{c['k']}")
 def test_passk_matches_passk_training(case):
+    """Reference: RUCAIBox/Passk_Training c3ba575ecb31f47fd9f5c43b18c081d4a295f783, code/passk_adv.py calc_adv."""
     ref = REFERENCES["passk"]
     passed = torch.tensor(ref["rewards"]) > 0
     ours = passk_group_advantages(passed, ref["group_size"], case["k"])
@@ -92,6 +93,8 @@ def test_passk_estimator_by_config_and_bad_k():
 
 @pytest.mark.parametrize("case", REFERENCES["w_reinforce"]["cases"], ids=lambda c: f"{c['mode']}-{c['weight']}")
 def test_w_reinforce_matches_rlvr_decomposed(case):
+    """Reference: TianHongZXY/RLVR-Decomposed a5d4e7c1df6016ebd7396bd6db83d885120adb6d,
+    verl/trainer/ppo/core_algos.py compute_psr_nsr_outcome_advantage."""
     ref = REFERENCES["w_reinforce"]
     correct = torch.tensor(ref["correct"]) > 0
     weight = case["weight"] if case["mode"] == "weighted" else 0.0  # 'negative' = NSR = lambda 0
@@ -125,6 +128,8 @@ def test_w_reinforce_bad_settings_are_one_line_at_load():
 
 @pytest.mark.parametrize("case", REFERENCES["unlikeliness"]["cases"], ids=lambda c: f"beta{c['rank_penalty']}")
 def test_unlikeliness_matches_rewarding_unlikely(case):
+    """Reference: AndreHe02/rewarding-unlikely-release ca1cff05ebdf2cfe9737fd416897da838a93e11a,
+    verl/trainer/ppo/ray_lean_trainer.py RayLeanTrainer._compute_advantages."""
     ref = REFERENCES["unlikeliness"]
     old, mask, rewards = (torch.tensor(ref[k]) for k in ("old_logp", "mask", "rewards"))
     shaped = unlikeliness_rewards(rewards, rewards > 0, sequence_logprob(old, mask), ref["group_size"],
@@ -188,6 +193,8 @@ def test_outcome_ucb_counts_over_steps_and_resumes():
 
 @pytest.mark.parametrize("case", REFERENCES["clip_cov"]["cases"], ids=lambda c: f"ratio{c['ratio']}")
 def test_clip_cov_matches_verl(case):
+    """Reference: volcengine/verl b178a3cd56f58b2d502255daba591e92833930a7, verl/trainer/ppo/core_algos.py
+    compute_policy_loss_clip_cov."""
     ref = REFERENCES["clip_cov"]
     logp, old, adv, mask = (torch.tensor(ref[k]) for k in ("logp", "old_logp", "advantages", "mask"))
     torch.manual_seed(case["seed"])  # the same generator state verl's randperm drew from
@@ -304,3 +311,25 @@ def test_one_meds_train_step_of_the_embedded_model(tmp_path, name):
     assert result.exit_code == 0, result.output
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert math.isfinite(row["loss"]) and METRIC[name] in row
+
+
+def test_outcome_ucb_counts_survive_checkpoint_and_resume(tmp_path):
+    """2 steps straight == 1 step, resume from its checkpoint, 1 step: the same counts and rewards."""
+    from meds_cli.engine.trainer import Trainer
+
+    common = ("algo.name=outcome-ucb", "algo.base=grpo", "train.checkpoint_every=1", "rollout.prompts_per_step=4",
+              "rollout.group_size=8", "rollout.max_new_tokens=3", "model.lora.enabled=false")
+    straight = Trainer(tiny_config(*common, "train.steps=2", output_dir=tmp_path / "straight"), tmp_path / "straight")
+    straight.train()
+    Trainer(tiny_config(*common, "train.steps=1", output_dir=tmp_path / "split"), tmp_path / "split").train()
+    torch.manual_seed(123)  # resume must not depend on the global RNG
+    second = Trainer(tiny_config(*common, "train.steps=2", output_dir=tmp_path / "split"), tmp_path / "split")
+    second.load_checkpoint(tmp_path / "split" / "checkpoints" / "step_1")
+    assert second.algorithm.counts  # the counts came back from the checkpoint
+    second.train()
+    assert straight.algorithm.counts == second.algorithm.counts
+    assert 0 < sum(sum(c.values()) for c in straight.algorithm.counts.values()) <= 2 * 4 * 8  # answered responses
+    rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["outcome-ucb/bonus_mean"] for r in rows] == [r["outcome-ucb/bonus_mean"] for r in ref]
+    assert all(r["outcome-ucb/bonus_mean"] > 0 for r in ref)
