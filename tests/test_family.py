@@ -333,3 +333,16 @@ def test_outcome_ucb_counts_survive_checkpoint_and_resume(tmp_path):
     ref = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     assert [r["outcome-ucb/bonus_mean"] for r in rows] == [r["outcome-ucb/bonus_mean"] for r in ref]
     assert all(r["outcome-ucb/bonus_mean"] > 0 for r in ref)
+
+
+def test_meds_list_shows_every_member_of_the_family():
+    from typer.testing import CliRunner
+
+    from meds_cli.app import app
+
+    result = CliRunner().invoke(app, ["list"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "presets (meds ablate --algos)" in text
+    for name in ("passk", "w-reinforce", "unlikeliness", "outcome-ucb", "clip-cov", "entropy-bonus"):
+        assert f"\n  {name} " in text, name
