@@ -346,3 +346,22 @@ def test_meds_list_shows_every_member_of_the_family():
     assert "presets (meds ablate --algos)" in text
     for name in ("passk", "w-reinforce", "unlikeliness", "outcome-ucb", "clip-cov", "entropy-bonus"):
         assert f"\n  {name} " in text, name
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--algo", "w-reinforce", "--set", "w-reinforce.positive_weight=1.5"],
+     "w-reinforce.positive_weight must be in [0, 1]"),
+    (["--algo", "w-reinforce", "--base", "edas"], "algo.base=edas is not a base w-reinforce can sit on"),
+    (["--algo", "w-reinforce", "--set", "dapo.adv_estimator=passk"], "dapo.adv_estimator=passk has no effect under"),
+    (["--algo", "dapo", "--set", "dapo.adv_estimator=passk", "--set", "dapo.passk_k=64"],
+     "dapo.passk_k=64 must be at most rollout.group_size"),
+])
+def test_bad_settings_are_one_line_from_meds_train(tmp_path, args, expected):
+    from typer.testing import CliRunner
+
+    from meds_cli.app import app
+    from tests.cli_errors import one_error_line
+
+    line = one_error_line(CliRunner().invoke(app, ["train", *args, "--output", str(tmp_path / "r")]))
+    assert expected in line, line
+    assert not (tmp_path / "r").exists()  # refused before anything is made
