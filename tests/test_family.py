@@ -365,3 +365,19 @@ def test_bad_settings_are_one_line_from_meds_train(tmp_path, args, expected):
     line = one_error_line(CliRunner().invoke(app, ["train", *args, "--output", str(tmp_path / "r")]))
     assert expected in line, line
     assert not (tmp_path / "r").exists()  # refused before anything is made
+
+
+def test_entropy_bonus_matches_verl():
+    """Reference: volcengine/verl b178a3cd56f58b2d502255daba591e92833930a7: entropy_from_logits
+    (verl/utils/torch_functional.py) on logits / T, and dp_actor's pg_loss - entropy_coeff * agg_loss(entropy)."""
+    from algorithms.policy_loss import add_entropy_bonus
+
+    ref = REFERENCES["entropy_bonus"]
+    logits, mask, pg = (torch.tensor(ref[k]) for k in ("logits", "mask", "pg_loss_matrix"))
+    tokens = torch.zeros(logits.shape[:2], dtype=torch.long)
+    # the head is the identity: hidden states are the logits themselves
+    _, entropy = token_logprobs_and_entropy(logits, lambda h: h, tokens, temperature=ref["temperature"],
+                                            entropy_grad=True)
+    assert torch.allclose(entropy, torch.tensor(ref["entropy"]), atol=1e-5)
+    loss, _ = add_entropy_bonus(pg, {}, entropy, mask, ref["entropy_coeff"])
+    assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(ref["policy_loss_token_mean"], abs=1e-6)
