@@ -8,6 +8,9 @@ from algorithms import (  # noqa: F401,E402  # noqa: F401,E402
     edas,
     grpo,
     meds,  # noqa: F401,E402
+    outcome_ucb,
     rlif_multireward,
+    unlikeliness,
+    w_reinforce,
 )
 from algorithms.base import ALGORITHMS, Algorithm, AlgorithmContext, OnBase, compose_algorithm, register  # noqa: F401

@@ -9,6 +9,7 @@ token_counts [B], config) and returns advantages [B]. token_counts holds each re
 tokens, for estimators that weigh responses by length. Formulas and sources: docs/algorithms.md.
 """
 
+from math import comb
 from typing import Callable
 
 import torch
@@ -117,6 +118,38 @@ def reinforce_plus_plus_estimator(rewards, group_size, token_counts, config):
                                                         "whitened over the batch's tokens")
 def reinforce_plus_plus_baseline_estimator(rewards, group_size, token_counts, config):
     return group_baseline_whitened_advantages(rewards, group_size, token_counts)
+
+
+def passk_group_advantages(passed: torch.Tensor, group_size: int, k: int, eps: float = 1e-6) -> torch.Tensor:
+    """Pass@k Training's closed-form advantages (Chen et al. 2025, RUCAIBox/Passk_Training
+    passk_adv.py). In a group of n = group_size responses with c passes:
+        rho   = 1 - C(n - c, k) / C(n, k)                (pass@k of the group)
+        sigma = sqrt(rho * (1 - rho))
+        A_pass = (1 - rho) / (sigma + eps)
+        A_fail = (1 - rho - C(n - c - 1, k - 1) / C(n - 1, k - 1)) / (sigma + eps)
+    with C(a, b) = 0 when b > a. An all-pass or all-fail group gets 0. `passed` [B] bool."""
+    if k > group_size:
+        raise ValueError(f"pass@k with k={k} needs at least k responses per group, got {group_size}")
+    grouped = passed.view(-1, group_size)
+    out = torch.zeros(grouped.shape, dtype=torch.float64)
+    n = group_size
+    for g, row in enumerate(grouped):
+        c = int(row.sum())
+        if c in (0, n):  # rho is 0 or 1: no spread (the reference's formulas give 0 here too)
+            continue
+        rho = 1 - comb(n - c, k) / comb(n, k)
+        sigma = (rho * (1 - rho)) ** 0.5
+        fail = (1 - rho - comb(n - c - 1, k - 1) / comb(n - 1, k - 1)) / (sigma + eps)
+        out[g] = torch.where(row, (1 - rho) / (sigma + eps), fail)
+    return out.view(-1).float()
+
+
+@register_adv_estimator("passk", "Pass@k Training: the closed-form advantage of pass@k with k = passk_k "
+                                 "(a positive reward is a pass)")
+def passk_estimator(rewards, group_size, token_counts, config):
+    # The reference reads rewards of 1 as passes and 0 as fails; here any positive reward passes,
+    # so shaping that only lowers a correct response's reward (DAPO's overlong penalty) keeps it a pass.
+    return passk_group_advantages(rewards > 0, group_size, config.passk_k)
 
 
 def zero_spread_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

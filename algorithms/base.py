@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from algorithms.advantages import ADV_ESTIMATORS
-from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_kl_penalty
+from algorithms.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES, add_entropy_bonus, add_kl_penalty
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require
 from meds_cli.core.forward import ForwardNeeds, ForwardView
@@ -62,11 +62,19 @@ class GRPOConfig:
                               "kl-cov: share of tokens penalised (reference code 0.0002; the RLIF seed reports 0.02)",
                               Check(lambda v: 0 <= v <= 1, "in [0, 1]"))
     kl_cov_coef: float = doc(1.0, "kl-cov: weight of |logp - old_logp| on the selected tokens", at_least(0))
+    clip_cov_ratio: float = doc(0.0002, "clip-cov: share of tokens whose gradient is cut (reference code 0.0002)",
+                                Check(lambda v: 0 < v <= 1, "in (0, 1]"))
+    clip_cov_lb: float = doc(1.0, "clip-cov: a token is a candidate when clip_cov_lb < cov < clip_cov_ub")
+    clip_cov_ub: float = doc(5.0, "clip-cov: upper covariance bound of a candidate")
+    passk_k: int = doc(4, "passk estimator: the k of pass@k (at most rollout.group_size)", at_least(1))
+    entropy_coef: float = doc(0.0, "entropy bonus: loss - entropy_coef * entropy per token (0: none)", at_least(0))
 
     def validate(self, prefix: str) -> None:
         require(self.adv_estimator == "grpo" or self.scale_rewards == "group",
                 f"{prefix}scale_rewards={self.scale_rewards} applies to {prefix}adv_estimator=grpo only, "
                 f"not {self.adv_estimator}")
+        require(self.clip_cov_lb < self.clip_cov_ub,
+                f"{prefix}clip_cov_lb={self.clip_cov_lb} must be below {prefix}clip_cov_ub={self.clip_cov_ub}")
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,16 @@ class Algorithm:
                 warnings.warn(f"{self.name}: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
                               "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
                               "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
+
+    @classmethod
+    def check_settings(cls, sections: Mapping[str, Any], base: str, group_size: int) -> None:
+        """Checks across config sections, run when the config loads (meds_cli/engine/config.py);
+        `sections` maps algorithm names to their sections, `base` is algo.base. Default: the
+        passk estimator's k fits in a group."""
+        own = sections[cls.name]
+        if getattr(own, "adv_estimator", None) == "passk":
+            require(own.passk_k <= group_size, f"{cls.name}.passk_k={own.passk_k} must be at most "
+                                               f"rollout.group_size={group_size} (pass@k of a group of G needs k <= G)")
 
     # -- forwards other than the update's: one declaration, two receivers
     def forward_needs(self, num_layers: int, records_lens: bool) -> ForwardNeeds:
@@ -165,17 +183,27 @@ class Algorithm:
     def loss_agg(self) -> str:
         return self.config.loss_agg
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
+    @property
+    def entropy_coef(self) -> float:
+        """Weight of the entropy bonus; above 0 the update hands token_loss the policy's entropy
+        with its gradient."""
+        return getattr(self.config, "entropy_coef", 0.0)
+
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None, entropy=None):
         """Per-token loss [b, R] and stats for one micro-batch: the configured policy loss, plus the
-        k3 KL to the reference policy when this algorithm uses one (the only place it is added).
-        `pg_weights` [b, R] (importance-sampling correction, engine/training/importance.py)
-        multiply the policy loss alone: the KL term is an expectation under the trainer's own
-        policy, not under the sampler's, so it is not reweighted (as in verl)."""
+        k3 KL to the reference policy when this algorithm uses one (the only place it is added),
+        minus entropy_coef * entropy when `entropy` [b, R] is given (the entropy bonus; verl's
+        entropy_coeff: aggregation is linear, so subtracting per token equals subtracting the
+        aggregated entropy). `pg_weights` [b, R] (importance-sampling correction,
+        engine/training/importance.py) multiply the policy loss alone: the KL term is an expectation
+        under the trainer's own policy, not under the sampler's, so it is not reweighted (as in verl)."""
         loss, stats = self.policy_loss(logp, old_logp, advantages, mask, self.config)
         if pg_weights is not None:
             loss = loss * pg_weights
         if self.uses_reference and ref_logp is not None:
             loss, stats = add_kl_penalty(loss, stats, logp, ref_logp, mask, self.config.kl_coef)
+        if entropy is not None and self.entropy_coef > 0:
+            loss, stats = add_entropy_bonus(loss, stats, entropy, mask, self.entropy_coef)
         return loss, stats
 
     # -- state
@@ -202,6 +230,27 @@ class OnBase(Algorithm):
     """A shaping method on top of a base algorithm: every hook goes to the base unless overridden."""
 
     composes = True
+    bases: tuple[str, ...] | None = None  # the bases it can sit on; None: any that does not compose
+    # True where compute_advantages ignores the base's advantage estimator (it makes its own)
+    replaces_advantages = False
+    # True where shape_rewards leaves graded rewards that a pass/fail estimator (passk) would undo
+    shapes_rewards = False
+
+    @classmethod
+    def check_settings(cls, sections, base, group_size):
+        require(cls.bases is None or base in cls.bases,
+                f"algo.base={base} is not a base {cls.name} can sit on; accepted: {', '.join(cls.bases or ())}")
+        base_cls = ALGORITHMS.get(base)
+        if not base_cls.composes:
+            base_cls.check_settings(sections, base, group_size)
+        estimator = getattr(sections[base], "adv_estimator", "grpo")
+        require(not cls.replaces_advantages or estimator == "grpo",
+                f"{base}.adv_estimator={estimator} has no effect under {cls.name}, which computes its own "
+                f"advantages; accepted: grpo (the default)")
+        others = ", ".join(n for n in ADV_ESTIMATORS.names() if n != "passk")
+        require(not cls.shapes_rewards or estimator != "passk",
+                f"{base}.adv_estimator=passk reads rewards as pass/fail and would discard {cls.name}'s reward "
+                f"shaping; accepted: any other estimator ({others})")
 
     def __init__(self, config, context: AlgorithmContext, base: Algorithm):
         super().__init__(config, context)
@@ -242,8 +291,10 @@ class OnBase(Algorithm):
     def loss_mask(self, rollouts):
         return self.base.loss_mask(rollouts)
 
-    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None):
-        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp, pg_weights)
+    entropy_coef = property(lambda self: self.base.entropy_coef)
+
+    def token_loss(self, logp, old_logp, advantages, mask, ref_logp=None, pg_weights=None, entropy=None):
+        return self.base.token_loss(logp, old_logp, advantages, mask, ref_logp, pg_weights, entropy)
 
     def on_step_end(self, rollouts, step):
         self.base.on_step_end(rollouts, step)

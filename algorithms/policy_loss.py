@@ -7,7 +7,8 @@ Policy losses are registered by name in POLICY_LOSSES (like verl's register_poli
 chosen by an algorithm's `policy_loss` config key; each takes (logp, old_logp, advantages,
 mask, config) and returns (per-token loss [b, R], stats). The k3 KL to the reference policy is
 not part of any of them: Algorithm.token_loss adds it, once, with `add_kl_penalty`.
-KL-Cov: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (verl's kl_cov loss).
+KL-Cov and Clip-Cov: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs" (verl's
+kl_cov and clip_cov losses).
 """
 
 from typing import Callable
@@ -94,6 +95,42 @@ def kl_cov_loss(logp, old_logp, advantages, mask, ratio, kl_cov_coef, clip_low=0
     return loss, stats
 
 
+def clip_cov_select(advantages, logp, mask, clipped, ratio: float, lower: float, upper: float) -> torch.Tensor:
+    """[b, R] bool: Clip-Cov's detached tokens. cov_t = (A_t - mean A) * (logp_t - mean logp), means
+    over valid tokens; the candidates are valid tokens the PPO clip leaves alone (`clipped` False)
+    with lower < cov_t < upper; of them max(1, floor(n * ratio)) are taken at random (torch's
+    generator, one randperm over the candidates in row-major order, as verl does), n the valid tokens."""
+    valid = mask > 0
+    selected = torch.zeros_like(valid)
+    n = int(valid.sum())
+    if n == 0:
+        return selected
+    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp).detach()
+    lp = logp.detach()
+    # means over the mask as verl's masked_mean computes them (its 1e-8 in the denominator)
+    cov = (adv - (adv * mask).sum() / (mask.sum() + 1e-8)) * (lp - (lp * mask).sum() / (mask.sum() + 1e-8))
+    candidates = ((cov > lower) & (cov < upper) & valid & ~clipped).nonzero()
+    if len(candidates) == 0:
+        return selected
+    take = candidates[torch.randperm(len(candidates))[:max(int(ratio * n), 1)].to(candidates.device)]
+    selected[take[:, 0], take[:, 1]] = True
+    return selected
+
+
+def clip_cov_loss(logp, old_logp, advantages, mask, ratio, lower, upper, clip_low=0.2, clip_high=0.2,
+                  clip_ratio_c=None):
+    """Per-token loss [b, R]: the clipped surrogate with the tokens clip_cov_select picks set to 0
+    (no gradient through them); stats add 'clip_cov_share', the share of valid tokens detached."""
+    loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    ratio_t = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
+    clipped = (-adv * torch.clamp(ratio_t, 1.0 - clip_low, 1.0 + clip_high)) > (-adv * ratio_t)
+    selected = clip_cov_select(advantages, logp, mask, clipped.detach(), ratio, lower, upper)
+    loss = torch.where(selected, torch.zeros_like(loss), loss)
+    stats["clip_cov_share"] = selected.sum() / (mask > 0).sum().clamp(min=1)
+    return loss, stats
+
+
 def _dual_clip_bound(config):
     return config.clip_ratio_c if config.dual_clip else None
 
@@ -116,6 +153,13 @@ def kl_cov_policy_loss(logp, old_logp, advantages, mask, config):
                        config.clip_low, config.clip_high, _dual_clip_bound(config))
 
 
+@register_policy_loss("clip-cov", "clipped surrogate, with the gradient of clip_cov_ratio tokens of high covariance "
+                                  "(clip_cov_lb < cov < clip_cov_ub) cut")
+def clip_cov_policy_loss(logp, old_logp, advantages, mask, config):
+    return clip_cov_loss(logp, old_logp, advantages, mask, config.clip_cov_ratio, config.clip_cov_lb,
+                         config.clip_cov_ub, config.clip_low, config.clip_high, _dual_clip_bound(config))
+
+
 def k3_kl(logp, ref_logp):
     """k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1, clamped to
     [-10, 10] like verl's low_var_kl; it is >= 0 and its gradient is unbiased near ref."""
@@ -128,6 +172,13 @@ def add_kl_penalty(loss, stats, logp, ref_logp, mask, coef: float):
     kl = k3_kl(logp, ref_logp)
     stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
     return loss + coef * kl, stats
+
+
+def add_entropy_bonus(loss, stats, entropy, mask, coef: float):
+    """loss - coef * entropy per token (the entropy-regularised loss), and stats['entropy_bonus'],
+    coef times the mean entropy over valid tokens."""
+    stats["entropy_bonus"] = coef * (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)
+    return loss - coef * entropy, stats
 
 
 def agg_loss(loss, mask, mode: str, *, total_tokens=None, total_seqs=None, norm_length=None):

@@ -203,6 +203,11 @@ def ablate(
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", "-s", help="Base override section.key=value (repeatable).")] = None,
     grid: Annotated[Optional[Path], typer.Option(help="YAML grid of variants (configs/ablate/*.yaml).")] = None,
+    algos: Annotated[Optional[str], typer.Option(
+        help="Comma-separated algorithms or presets (`meds list`), each a variant on the same base config and "
+             "seeds, e.g. dapo,meds,passk,w-reinforce; the first is the baseline.")] = None,
+    baseline: Annotated[Optional[str], typer.Option(
+        "--baseline", help="With --algos: the algorithm the others are compared with (default: the first).")] = None,
     features: Annotated[Optional[str], typer.Option(
         help="Comma-separated meds.features: logits, semantic, hidden_mean, random.")] = None,
     clusterer: Annotated[Optional[str], typer.Option(
@@ -212,7 +217,7 @@ def ablate(
         help="Comma-separated seeds; every variant runs once per seed.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per variant.")] = None,
     no_baseline: Annotated[bool, typer.Option(
-        "--no-baseline", help="Leave out the baseline run of the base algorithm (DAPO).")] = False,
+        "--no-baseline", help="MEDS variants: leave out the baseline run of the base algorithm (DAPO).")] = False,
     output: Annotated[Optional[Path], typer.Option(
         help="Ablation folder (default runs/ablate-<time>); an existing one is continued.")] = None,
     benchmarks: Annotated[str, typer.Option(
@@ -229,14 +234,16 @@ def ablate(
         help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ):
-    """MEDS ablations in one command: train and evaluate each variant, then compare them in a table and plots."""
+    """Ablations in one command: algorithms side by side (--algos) or MEDS's settings (--features, --clusterer,
+    --layers); train and evaluate each variant, then compare them with the baseline in a table, verdicts and plots."""
     from benchmarks.harness import EvalSettings
     from meds_cli.commands.ablate import dry_run as show_plan
     from meds_cli.commands.ablate import make_plan, run_ablation
     from meds_cli.commands.eval import HELDOUT
 
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
-                     layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)
+                     layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output, algos=algos,
+                     baseline_name=baseline)
     if dry_run:
         show_plan(plan, err, probe=estimate)
         return

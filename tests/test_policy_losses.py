@@ -19,10 +19,10 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 
 
 def test_registered_losses_and_config_choice():
-    assert POLICY_LOSSES.names() == ["dual-clip", "kl-cov", "vanilla"]
+    assert POLICY_LOSSES.names() == ["clip-cov", "dual-clip", "kl-cov", "vanilla"]
     assert tiny_config("algo.name=grpo").section("grpo").policy_loss == "vanilla"
     assert tiny_config().section("rlif-multireward").policy_loss == "kl-cov"
-    with pytest.raises(UserError, match="accepted: dual-clip, kl-cov, vanilla"):
+    with pytest.raises(UserError, match="accepted: clip-cov, dual-clip, kl-cov, vanilla"):
         tiny_config("grpo.policy_loss=clipped")
 
 

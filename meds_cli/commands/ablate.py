@@ -1,14 +1,17 @@
-"""`meds ablate`: MEDS ablations as one command: variants -> train -> evaluate -> compare.
+"""`meds ablate`: ablations as one command: variants -> train -> evaluate -> compare.
 
-Variants come from flags (`--features logits,semantic --clusterer hdbscan,kmeans --layers
-last_half,last:4 --seeds 0,1,2`: the cartesian product) and/or a YAML grid (configs/ablate/*.yaml,
-format below). Each variant is the base config (`--config`, `--set`, algorithm meds) plus its
-own overrides only; a baseline of MEDS's base algorithm (DAPO unless `algo.base` says otherwise)
-runs beside them unless `--no-baseline`. Every variant trains through the real Trainer
+Algorithms side by side: `--algos dapo,meds,passk` (or `algos:` in a grid) makes each algorithm
+or preset a variant on the same base config and seeds, the first (or `--baseline NAME`) the
+baseline (meds_cli.commands.ablate_grid). MEDS's own settings: variants come from flags
+(`--features logits,semantic --clusterer hdbscan,kmeans --layers last_half,last:4 --seeds 0,1,2`:
+the cartesian product) and/or a YAML grid (configs/ablate/*.yaml, format below). Each variant is
+the base config (`--config`, `--set`, algorithm meds) plus its own overrides only; without
+--algos a baseline of MEDS's base algorithm (DAPO unless `algo.base` says otherwise) runs beside
+them unless `--no-baseline`. Every variant trains through the real Trainer
 (meds_cli.commands.train.run_training) in ABLATION_DIR/<variant>/, is evaluated
-(meds_cli.commands.ablate_eval), and the report (meds_cli.commands.ablate_report) compares them, mean and std over
-seeds. Rerunning the same command with `--output ABLATION_DIR` skips finished variants and
-resumes an interrupted one from its last checkpoint.
+(meds_cli.commands.ablate_eval), and the report (meds_cli.commands.ablate_report) compares them,
+mean and std over seeds. Rerunning the same command with `--output ABLATION_DIR` skips finished
+variants and resumes an interrupted one from its last checkpoint.
 
 Grid file:
     config: [../meds_paper.yaml]      # optional base config files (relative to the grid file)
@@ -18,7 +21,8 @@ Grid file:
     variants:                         # optional named variants with their own overrides
       - {name: knn-vote, set: {meds.assign: knn}}
     seeds: [0, 1]                     # optional; every variant once per seed
-    baseline: true                    # optional (default true)
+    baseline: true                    # optional (default true); with algos: the baseline's name
+    algos: [dapo, meds, passk]        # optional: algorithms / presets as variants (then no MEDS default)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.engine.config import load_config, read_yaml
@@ -39,7 +44,7 @@ from meds_cli.engine.run_folders import run_dir as runs
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline")
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos")
 STATE_FILE = "ablation.json"
 
 
@@ -59,6 +64,8 @@ class Grid:
     baseline: bool = True
     config: list = field(default_factory=list)
     set: list = field(default_factory=list)
+    algos: list = field(default_factory=list)  # algorithm / preset names, each a variant (ablate_grid.py)
+    baseline_name: str | None = None  # with algos: the variant the others are compared with
 
 
 # ---------------------------------------------------------------- the grid
@@ -97,19 +104,31 @@ def read_grid(path: Path) -> Grid:
     files = data.get("config") or []
     files = [files] if isinstance(files, str) else files
     sets = data.get("set") or []
+    baseline = data.get("baseline", True)
     return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or []),
-                baseline=bool(data.get("baseline", True)), config=[str(path.parent / f) for f in files],
-                set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)])
+                baseline=bool(baseline), config=[str(path.parent / f) for f in files],
+                set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)],
+                algos=read_algos(data["algos"], f"grid '{path}'") if data.get("algos") is not None else [],
+                baseline_name=baseline if isinstance(baseline, str) else None)
 
 
-def grid_from_flags(grid: Grid, *, features=None, clusterer=None, layers=None, seeds=None) -> Grid:
-    """The grid with the flags' axes added (a flag replaces the grid's axis for the same key)."""
+def grid_from_flags(grid: Grid, *, features=None, clusterer=None, layers=None, seeds=None, algos=None,
+                    baseline_name=None) -> Grid:
+    """The grid with the flags' axes added (a flag replaces the grid's axis for the same key, and
+    --algos / --baseline the grid's algos and baseline)."""
     for flag, value in (("features", features), ("clusterer", clusterer), ("layers", layers)):
         values = split_list(value, flag)
         if values:
             grid.axes[FLAG_AXES[flag]] = values
     if seeds is not None:
         grid.seeds = parse_seeds(split_list(seeds, "seeds"))
+    if algos is not None:
+        grid.algos = split_list(algos, "algos")
+    if baseline_name is not None:
+        grid.baseline_name = baseline_name
+    if grid.baseline_name is not None and not grid.algos:
+        raise UserError(f"--baseline {grid.baseline_name} names the baseline among --algos; give --algos too "
+                        "(MEDS variants are compared with their base algorithm)")
     return grid
 
 
@@ -119,7 +138,8 @@ def slug(value) -> str:
 
 
 def expand(grid: Grid, baseline_algo: str | None) -> list[Variant]:
-    """All variants: the axes' product and the named variants (MEDS), the baseline, times the seeds."""
+    """All variants: the algorithms (baseline first) when the grid names any, the axes' product and
+    the named variants (MEDS), else MEDS as configured and the baseline; times the seeds."""
     meds = []
     if grid.axes:
         keys = list(grid.axes)
@@ -127,9 +147,11 @@ def expand(grid: Grid, baseline_algo: str | None) -> list[Variant]:
             name = "_".join(f"{SHORT_NAMES.get(k, k.split('.')[-1])}-{slug(v)}" for k, v in zip(keys, combo))
             meds.append((name, {"algo.name": "meds", **dict(zip(keys, combo))}))
     meds += [(slug(name), {"algo.name": "meds", **sets}) for name, sets in grid.variants]
-    if not meds:
-        meds = [("meds", {"algo.name": "meds"})]
-    groups = meds + ([(f"baseline-{baseline_algo}", {"algo.name": baseline_algo})] if baseline_algo else [])
+    if grid.algos:  # the first algorithm (or the named one) is the baseline: no extra run
+        groups = algorithm_variants(grid.algos, grid.baseline_name) + meds
+    else:
+        meds = meds or [("meds", {"algo.name": "meds"})]
+        groups = meds + ([(f"baseline-{baseline_algo}", {"algo.name": baseline_algo})] if baseline_algo else [])
     names = [n for n, _ in groups]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -157,9 +179,11 @@ class Plan:
     steps: int
 
 
-def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output) -> Plan:
+def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output,
+              algos=None, baseline_name=None) -> Plan:
     grid = read_grid(Path(grid_file)) if grid_file else Grid()
-    grid = grid_from_flags(grid, features=features, clusterer=clusterer, layers=layers, seeds=seeds)
+    grid = grid_from_flags(grid, features=features, clusterer=clusterer, layers=layers, seeds=seeds, algos=algos,
+                           baseline_name=baseline_name)
     files = [*grid.config, *map(str, config_files)]
     base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_config(files, base_sets + ["algo.name=meds"])

@@ -6,11 +6,14 @@ step) in the ablation folder. Each variant is also compared with the baseline pr
 summary.json, per-problem differences in problem_deltas.csv, paired_differences.png.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
-the final reward, distinct wrong answers per group and the top-1 eigen ratio (each the mean over
-the last quarter of the steps, less noisy than the last step alone) and the mean time per step;
+the diversity every algorithm has (distinct wrong and distinct correct answers per group, the
+policy's entropy over the trained responses' tokens), the final reward, and MEDS's own
+diagnostics (wrong-answer clusters per prompt, the top-1 eigen ratio), each the mean over the
+last quarter of the steps (less noisy than the last step alone), and the mean time per step;
 and the agreement of the clusters with the final answers (adjusted Rand index, as
 `meds cluster-inspect` computes it, over the memory of the last checkpoint, with the run's own
-clusterer). A DAPO baseline has no memory and no features: its ARI and eigen ratio are empty.
+clusterer). An algorithm other than MEDS has no memory and no features: its clusters, eigen
+ratio and ARI are empty.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
     ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),
-    ("distinct_wrong", "distinct wrong"), ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
+    ("distinct_wrong", "distinct wrong"), ("distinct_correct", "distinct correct"), ("entropy", "entropy"),
+    ("clusters", "clusters"), ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
     ("time_per_step_s", "s/step"),
 ]
 
@@ -78,6 +82,8 @@ def variant_result(run_dir: Path, results_file: Path) -> dict:
         "pass@1": passk.get("1"), "pass@k": passk.get(str(ks[-1])) if ks else None, "k": ks[-1] if ks else None,
         "final_reward": _tail_mean(rows, "reward"),
         "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
+        "distinct_correct": _tail_mean(rows, "distinct_correct_answers_per_group"),
+        "entropy": _tail_mean(rows, "entropy"), "clusters": _tail_mean(rows, "meds/clusters_per_prompt"),
         "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
         "time_per_step_s": float(np.mean(times)) if times else None,
         **{curve: [[r["step"], r[metric]] for r in rows if metric in r] for curve, metric, _ in STEP_CURVES},
@@ -256,9 +262,11 @@ def write_report(folder: Path, variants, eval_settings, console) -> dict:
     rows = aggregate(variants, results)
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
     comparisons = paired_against_baseline(variants, paths)
-    (folder / "summary.md").write_text(f"# MEDS ablation: {folder.name}\n\n" + markdown_table(rows, k) +
-                                       "\nmean ± std over seeds; reward, distinct wrong and eigen ratio: mean of the "
-                                       "last quarter of the steps; ARI: clusters vs final answers in the memory.\n" +
+    (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +
+                                       "\nmean ± std over seeds; reward, distinct wrong / correct answers per group, "
+                                       "entropy, clusters and eigen ratio: mean of the last quarter of the steps; "
+                                       "clusters, eigen ratio, ARI (clusters vs final answers in the memory): MEDS "
+                                       "only.\n" +
                                        (f"\n{paired_markdown(comparisons)}" if comparisons else ""))
     write_csv(rows, folder / "summary.csv")
     summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons,
@@ -274,7 +282,7 @@ def write_report(folder: Path, variants, eval_settings, console) -> dict:
     from rich.console import Console
 
     out = Console()  # the result goes to stdout, progress to stderr
-    print_table(rich_table(rows, k, f"MEDS ablation {folder}"), console=out)
+    print_table(rich_table(rows, k, f"ablation {folder}"), console=out)
     for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
         out.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "

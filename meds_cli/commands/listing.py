@@ -11,12 +11,14 @@ def print_registries() -> None:
     from algorithms import ALGORITHMS
     from algorithms.advantages import ADV_ESTIMATORS
     from algorithms.policy_loss import POLICY_LOSSES
+    from algorithms.presets import PRESETS
     from benchmarks import load_all
     from benchmarks.registry import BENCHMARKS, TASKS
 
     load_all()
     console = Console()
-    registries = [("algorithms", ALGORITHMS), ("advantage estimators", ADV_ESTIMATORS),
+    registries = [("algorithms", ALGORITHMS), ("presets (meds ablate --algos)", PRESETS),
+                  ("advantage estimators", ADV_ESTIMATORS),
                   ("policy losses", POLICY_LOSSES), ("tasks", TASKS), ("benchmarks", BENCHMARKS)]
     for title, registry in registries:
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))

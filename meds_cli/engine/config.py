@@ -326,6 +326,7 @@ def validate(cfg: RunConfig) -> None:
     for name, section in cfg.algorithms.items():
         walk(section, name + ".")
     check_group_size(cfg)
+    ALGORITHMS.get(cfg.algo.name).check_settings(cfg.algorithms, cfg.algo.base, cfg.rollout.group_size)
     check_engine_settings(cfg)
 
 

@@ -11,8 +11,8 @@ extra head matmul per position (none when everything fits in one chunk).
 
 Both quantities are taken at the sampling temperature T: softmax(logits / T) is the distribution
 the rollout engine sampled from, so the ratio, the KL and the entropy refer to it (verl scales
-the logits the same way). Entropy is returned without a gradient: the project reads it as a
-diagnostic and never puts it in the loss, and keeping it out of the graph saves memory.
+the logits the same way). Entropy is returned without a gradient (a diagnostic; keeping it out
+of the graph saves memory) unless `entropy_grad` asks for it: the entropy bonus puts it in the loss.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DEFAULT_CHUNK_TOKENS = 1024  # 1,024 x 151,936 fp32 logits: 0.6 GB per copy
 
 
 def _chunk_stats(head: Callable, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float,
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 with_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of `tokens` and entropy for one chunk: hidden [n, H], tokens [n] -> two [n]."""
     logits = full_precision(head(hidden))
     if temperature != 1.0:
@@ -37,6 +37,8 @@ def _chunk_stats(head: Callable, hidden: torch.Tensor, tokens: torch.Tensor, tem
     logp = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - normaliser
     if not with_entropy:
         return logp, torch.zeros_like(logp)
+    if entropy_grad:
+        return logp, normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     with torch.no_grad():
         # H = logsumexp(z) - sum softmax(z) * z, one [n, V] temporary instead of log_softmax's two
         expected = (torch.softmax(logits.detach(), dim=-1) * logits.detach()).sum(-1)
@@ -46,20 +48,22 @@ def _chunk_stats(head: Callable, hidden: torch.Tensor, tokens: torch.Tensor, tem
 
 def token_logprobs_and_entropy(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
                                tokens: torch.Tensor, *, temperature: float = 1.0, mask: torch.Tensor | None = None,
-                               chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = True
-                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                               chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = True,
+                               entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(tokens), entropy), each [b, R] fp32, of softmax(head(hidden) / temperature).
 
     hidden [b, R, H]: the final (normed) hidden state at the position that predicts each token;
     head: maps [n, H] to logits [n, V] (the model's output embedding, adapters included);
     tokens [b, R]: the sampled tokens; mask [b, R] (optional): positions where it is 0 are not
     computed and come back as 0 (padding after a response's end costs nothing).
-    Gradients flow to `hidden` and the head's parameters through the log-probs only.
+    Gradients flow to `hidden` and the head's parameters through the log-probs, and through the
+    entropy too when `entropy_grad` (with_entropy implied).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    with_entropy = with_entropy or entropy_grad
     b, r = tokens.shape
     flat_hidden = hidden.reshape(b * r, hidden.shape[-1])
     flat_tokens = tokens.reshape(b * r)
@@ -76,9 +80,10 @@ def token_logprobs_and_entropy(hidden: torch.Tensor, head: Callable[[torch.Tenso
     for start in range(0, flat_tokens.shape[0], chunk_tokens):
         h, t = flat_hidden[start:start + chunk_tokens], flat_tokens[start:start + chunk_tokens]
         if grad:
-            logp, entropy = checkpoint(_chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False)
+            logp, entropy = checkpoint(_chunk_stats, head, h, t, temperature, with_entropy, entropy_grad,
+                                       use_reentrant=False)
         else:
-            logp, entropy = _chunk_stats(head, h, t, temperature, with_entropy)
+            logp, entropy = _chunk_stats(head, h, t, temperature, with_entropy, entropy_grad)
         logps.append(logp)
         entropies.append(entropy)
     logp = torch.cat(logps) if logps else flat_hidden.new_zeros(0, dtype=torch.float32)

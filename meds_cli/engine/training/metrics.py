@@ -9,17 +9,16 @@ from benchmarks.answer_extraction import answer_key
 from meds_cli.core.rollouts import Rollouts
 
 
-def distinct_answers(rollouts: Rollouts) -> tuple[float, float]:
-    """Mean over groups of (distinct final answers, distinct wrong final answers), answers
-    compared by the maj@k key (0.5 and \\frac{1}{2} are one); no answer is not an answer."""
-    all_counts, wrong_counts = [], []
+def distinct_answers(rollouts: Rollouts, correct: bool | None = None) -> float:
+    """Mean over groups of the distinct final answers (only the correct ones, or only the wrong
+    ones, when `correct` says), answers compared by the maj@k key (0.5 and \\frac{1}{2} are one);
+    no answer is not an answer."""
+    counts = []
     for rows in rollouts.groups():
         verdicts = rollouts.verdicts[rows]
-        keys = [answer_key(v.extracted) for v in verdicts]
-        all_counts.append(len({k for k in keys if k is not None}))
-        wrong_counts.append(len({k for k, v in zip(keys, verdicts) if k is not None and not v.correct}))
-    n = max(len(all_counts), 1)
-    return sum(all_counts) / n, sum(wrong_counts) / n
+        counts.append(len({answer_key(v.extracted) for v in verdicts if correct is None or v.correct == correct}
+                          - {None}))
+    return sum(counts) / max(len(counts), 1)
 
 
 def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
@@ -36,19 +35,32 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
     }
     for name, values in rollouts.reward_components.items():
         metrics[f"reward/{name}"] = values.float().mean().item()
-    distinct, distinct_wrong = distinct_answers(rollouts)
-    metrics["distinct_answers_per_group"] = distinct
-    metrics["distinct_wrong_answers_per_group"] = distinct_wrong
+    metrics["distinct_answers_per_group"] = distinct_answers(rollouts)
+    metrics["distinct_wrong_answers_per_group"] = distinct_answers(rollouts, correct=False)
+    metrics["distinct_correct_answers_per_group"] = distinct_answers(rollouts, correct=True)
     return metrics
+
+
+def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:
+    """How the advantages weigh the responses (sequence-level ones, [B]): the mean of the positive
+    and of the negative ones and the share that are 0, so methods that reweight responses
+    (an estimator such as passk, W-REINFORCE) can be compared with GRPO step by step."""
+    if advantages is None or advantages.dim() != 1 or advantages.numel() == 0:
+        return {}
+    positive, negative = advantages[advantages > 0], advantages[advantages < 0]
+    return {"advantage/positive_mean": positive.mean().item() if positive.numel() else 0.0,
+            "advantage/negative_mean": negative.mean().item() if negative.numel() else 0.0,
+            "advantage/zero_share": (advantages == 0).float().mean().item()}
 
 
 def trained_metrics(batch: Rollouts) -> dict[str, float]:
     """Metrics of the responses that trained: the policy's mean entropy over their tokens (at the
-    sampling temperature), from the scoring pass or the update's own forward."""
+    sampling temperature), from the scoring pass or the update's own forward; the advantages' summary."""
+    metrics = advantage_metrics(batch.advantages)
     if batch.entropy is None:
-        return {}
+        return metrics
     mask = batch.response_mask
-    return {"entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
+    return {**metrics, "entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
 
 
 def mean_of(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:

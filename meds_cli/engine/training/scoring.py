@@ -83,7 +83,7 @@ def logit_function(model) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def policy_forward(model, input_ids, attention_mask, prompt_width: int, response_ids, *, temperature: float,
                    response_mask=None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_states: bool = False,
-                   with_entropy: bool = True, share_prompts: bool = False):
+                   with_entropy: bool = True, share_prompts: bool = False, entropy_grad: bool = False):
     """One forward of the policy: (log p of the response tokens [b, R], entropy [b, R] or None,
     all hidden states or None, the final hidden states at the positions predicting the response
     [b, R, H]). Positions where response_mask is 0 come back as 0.
@@ -104,7 +104,8 @@ def policy_forward(model, input_ids, attention_mask, prompt_width: int, response
                                   use_cache=False)
         last = last[:, prompt_width - 1:prompt_width - 1 + width]  # position Lp-1+j predicts response token j
     logp, entropy = token_logprobs_and_entropy(last, logit_function(model), response_ids, temperature=temperature,
-                                               mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+                                               mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+                                               entropy_grad=entropy_grad)
     return logp, entropy, (out.hidden_states if hidden_states else None), last
 
 

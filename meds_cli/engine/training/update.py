@@ -162,15 +162,16 @@ def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch
     Where the update's forward stands in for the scoring pass (`own_old`), its log-probs,
     detached, become the batch's old log-probs and its entropy the batch's entropy."""
     device = acc.device
+    bonus = algo.entropy_coef > 0  # the entropy bonus needs the entropy with its gradient
     with acc.autocast():
         logp, entropy, _, _ = policy_forward(
             model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
             batch.prompt_width, batch.response_ids[chunk].to(device), temperature=settings.temperature,
             response_mask=batch.response_mask[chunk].to(device), chunk_tokens=settings.chunk_tokens,
-            with_entropy=own_old, share_prompts=settings.share_prompts)
+            with_entropy=own_old, share_prompts=settings.share_prompts, entropy_grad=bonus)
     if own_old:
         old = logp.detach()
-        batch.entropy[chunk] = entropy.cpu()
+        batch.entropy[chunk] = entropy.detach().cpu()
         batch.old_logp[chunk] = old.float().cpu()
     else:
         old = batch.old_logp[chunk].to(device)
@@ -179,7 +180,8 @@ def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch
     sampler = batch.sampler_logp[chunk].to(device) if batch.sampler_logp is not None else None
     # The engine sampled from pi_sampler, not pi_old: the policy-gradient term is reweighted.
     weights = is_correction_weights(settings.is_correction, old, sampler, settings.tis_cap)
-    loss_mat, stats = algo.token_loss(logp, old, batch.advantages[chunk].to(device), chunk_mask, ref, weights)
+    loss_mat, stats = algo.token_loss(logp, old, batch.advantages[chunk].to(device), chunk_mask, ref, weights,
+                                      entropy if bonus else None)
     loss = agg_loss(loss_mat, chunk_mask, algo.loss_agg, total_tokens=total_tokens, total_seqs=total_seqs,
                     norm_length=settings.norm_length)
     return loss, stats
