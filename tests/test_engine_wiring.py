@@ -1,7 +1,7 @@
 """The trainer drives its rollout engine through the interface only: it releases the engine
 before the update, tells it after every optimizer step, logs the sampler/trainer mismatch, and
 weights the loss by the truncated importance ratio when asked. A new engine is one registry entry
-(README, "Adding a rollout engine"), which training and `meds eval` both find."""
+(docs/extending.md, "Adding a rollout engine"), which training and `meds eval` both find."""
 
 import dataclasses
 import math

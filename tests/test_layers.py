@@ -1,4 +1,4 @@
-"""The import rule between layers (README, "Adding an algorithm"), checked on the source.
+"""The import rule between layers (docs/extending.md, "Layout and layers"), checked on the source.
 
 1. meds_cli.core: imports nothing of the project outside itself;
 2. algorithms, benchmarks: import only the core and each other;

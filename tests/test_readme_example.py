@@ -1,4 +1,5 @@
-"""The README's example algorithm is complete: written as one file, it registers and works."""
+"""The example algorithm of docs/extending.md ("Adding an algorithm"; it was the README's) is complete:
+written as one file, it registers and works."""
 
 import re
 import sys
@@ -9,11 +10,11 @@ from meds_cli.engine.training.algorithm_setup import build_algorithm
 from tests.conftest import tiny_config
 from tests.rollout_factory import make_rollouts
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+EXTENDING = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
 
 
 def test_readme_algorithm_example(tmp_path, monkeypatch):
-    code = re.search(r"```python\n# algorithms/length_bonus.py\n(.*?)```", README.read_text(), re.S).group(1)
+    code = re.search(r"```python\n# algorithms/length_bonus.py\n(.*?)```", EXTENDING.read_text(), re.S).group(1)
     (tmp_path / "length_bonus_example.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:

@@ -161,15 +161,16 @@ def test_prompts_longer_than_the_limit_are_left_out_with_a_count(tmp_path):
         task.drop_long_prompts(tiny_tokenizer(), 5)
 
 
-def test_the_readme_reward_function_loads_and_scores(tmp_path):
+def test_the_documented_reward_function_loads_and_scores(tmp_path):
     import re
     from pathlib import Path
 
     from meds_cli.core.records import Problem
     from meds_cli.engine.training.user_rewards import load_reward_functions, user_reward_channels
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n# rewards.py\n(.*?)```", readme, re.S).group(1)
+    # the example of docs/training.md, "Your own data, prompts and rewards" (it was the README's)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    code = re.search(r"```python\n# rewards.py\n(.*?)```", page, re.S).group(1)
     (tmp_path / "rewards.py").write_text(code)
     functions = load_reward_functions(f"{tmp_path / 'rewards.py'}:brevity")
     channels = user_reward_channels(functions, ["q", "q"], ["", "x" * 200], [Problem("p", "q", "1")] * 2)
