@@ -11,7 +11,7 @@ generate's general machinery costs time that this shape does not need. The loop 
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched;
   - reads values back from the device once per step (the count of ended rows, through
-    `host_read`; a top-p nucleus wider than its first look adds one or two): on a GPU each read
+    `host_read`; top_p < 1 adds one, two where a nucleus passes its first look): on a GPU each read
     makes the host wait for the queued kernels, so everything else stays on the device;
   - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py),
     for responses long enough to pay for the packing, and runs the decode steps of Llama-layout
