@@ -96,11 +96,16 @@ def run_overrides(setup: Setup, model_dir: Path, processes: int) -> list[str]:
 
 def meds_argv(python: str, setup: Setup, gpus: int, model_dir: Path, run_dir: Path) -> list[str]:
     """The command line of a setup's run: `python -m meds_cli train ...`, under `accelerate
-    launch` with one process per GPU where the setup takes several."""
+    launch` where the setup takes several processes. A setup of one process per GPU on a
+    one-GPU machine runs under torch.distributed.run: FSDP2's device mesh needs a process group
+    even of one."""
     processes = gpus if setup.processes == 0 else setup.processes
     train = ["train", "--quiet", "--output", str(run_dir)]
     for value in run_overrides(setup, model_dir, processes):
         train += ["--set", value]
+    if processes == 1 and setup.processes == 0:
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "meds_cli",
+                *train]
     if processes == 1:
         return [python, "-m", "meds_cli", *train]
     return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),

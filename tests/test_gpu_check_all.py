@@ -49,13 +49,20 @@ def test_fsdp2_runs_one_process_per_gpu_under_accelerate():
     assert "rollout.prompts_per_step=6" in three and "rollout.generation_batch_size=48" in three
 
 
-def test_accelerate_accepts_the_launch_arguments():
+def test_the_launchers_accept_their_arguments():
     from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import get_args_parser
 
-    for row in _plan(2):
-        if "accelerate.commands.launch" in row.argv:
-            args = launch_command_parser().parse_args(row.argv[3:])
-            assert args.multi_gpu and args.num_processes == 2 and args.module
+    launched = [row for row in _plan(2) if "accelerate.commands.launch" in row.argv]
+    assert [row.name for row in launched] == ["FSDP2 on every GPU", "vLLM tensor parallel 2"]
+    for row in launched:
+        args = launch_command_parser().parse_args(row.argv[3:])
+        assert args.multi_gpu and args.num_processes == 2 and args.module
+    # one GPU: FSDP2 still needs a process group, of one process
+    fsdp = next(row for row in _plan(1) if row.name.startswith("FSDP2"))
+    assert fsdp.argv[1:3] == ["-m", "torch.distributed.run"]
+    args = get_args_parser().parse_args(fsdp.argv[3:])
+    assert args.standalone and args.nproc_per_node == "1" and args.module and args.training_script == "meds_cli"
 
 
 def test_every_meds_command_line_is_accepted(tmp_path):
