@@ -38,3 +38,12 @@ setup-vllm:
 # The tests against the real vLLM (marked vllm; the default suite leaves them out), in .venv-vllm.
 test-vllm: setup-vllm
 	.venv-vllm/bin/python -m pytest -q -m vllm
+
+# The first GPU run (docs/gpu.md): scripts/gpu_check.py on the 1.5B architecture, then a short run of
+# each setup (hf; vLLM with sleep levels 1 and 2; LoRA with adapter sync; FSDP2 on every GPU; vLLM
+# tensor parallel 2), one table. Without a GPU: one line, exit 2. GPU_PYTHON: a Python whose torch
+# is a CUDA build (and with vLLM for the vLLM rows); .venv's by default.
+.PHONY: gpu-check
+GPU_PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+gpu-check:
+	@$(GPU_PYTHON) scripts/gpu_check_all.py

@@ -8,8 +8,9 @@ The model is built from configs/gpu_check/qwen2.5-math-1.5b/config.json with ran
 (throughput and memory do not depend on the values) in fp32 master weights under bf16 autocast,
 with gradient checkpointing and full fine-tuning as in the paper. Prompts come from the embedded
 SmolLM2 tokenizer on the synthetic arithmetic task, so nothing is downloaded. Every response is
-forced to the full length (EOS is suppressed until then), and dynamic sampling is off: a random
-model answers nothing correctly, so every group would otherwise be dropped and nothing trained.
+forced to the full length (rollout.min_new_tokens holds the stop ids back until then), and dynamic
+sampling is off: a random model answers nothing correctly, so every group would otherwise be
+dropped and nothing trained.
 Prints seconds per step split into generate / score / train, tokens per second, and peak memory.
 """
 
@@ -54,7 +55,8 @@ def overrides(s: dict) -> list[str]:
     return ["algo.name=meds", "algo.base=dapo", "dapo.dynamic_sampling=false", "task.name=arithmetic",
             "model.lora.enabled=false", "optim.lr=1e-6", "optim.warmup_steps=0", "meds.layers=last_half",
             f"rollout.prompts_per_step={s['prompts']}", f"rollout.group_size={s['group']}",
-            f"rollout.max_new_tokens={s['tokens']}", f"rollout.generation_batch_size={s['prompts'] * s['group']}",
+            f"rollout.max_new_tokens={s['tokens']}", f"rollout.min_new_tokens={s['tokens']}",
+            f"rollout.generation_batch_size={s['prompts'] * s['group']}",
             f"train.micro_batch_size={s['micro']}", f"train.steps={s['steps']}", "train.checkpoint_every=0",
             "train.gradient_checkpointing=true", f"train.mixed_precision={s['precision']}"]
 
@@ -77,7 +79,6 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     tokenizer = load_tokenizer(resolve_model(EMBEDDED))
     model = build_model(args.tiny, device)
-    model.generation_config.min_new_tokens = s["tokens"]  # every response runs to the length limit
     cfg = load_config(overrides=overrides(s))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

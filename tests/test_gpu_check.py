@@ -33,6 +33,17 @@ def test_gpu_settings_are_a_valid_run_at_the_paper_length():
     assert cfg.rollout.generation_batch_size == cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
 
+def test_every_response_is_forced_to_the_length_limit_by_the_rollout_setting():
+    """The decode loop holds the stop ids back for rollout.min_new_tokens tokens (it never reads
+    the model's generation_config), so the throughput line measures responses of the full length
+    and not whatever a random model happens to sample."""
+    check = gpu_check()
+    for tiny in (True, False):
+        cfg = load_config(overrides=check.overrides(check.settings(tiny=tiny, steps=1)))
+        assert cfg.rollout.min_new_tokens == cfg.rollout.max_new_tokens
+    assert "generation_config" not in (ROOT / "scripts" / "gpu_check.py").read_text()
+
+
 def test_architecture_file_is_qwen2_5_math_1_5b():
     from transformers import AutoConfig
 

@@ -84,10 +84,13 @@ def check_engine_settings(cfg) -> None:
     ROLLOUT_ENGINES.get(resolve_engine(AUTO) if name == AUTO else name).check(cfg)
 
 
-def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
-    """The rollout engine of `rollout.engine` for the training model `model` (unwrapped)."""
+def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                task=None) -> RolloutEngine:
+    """The rollout engine of `rollout.engine` for the training model `model` (unwrapped); `task`:
+    the run's task, whose prompts size what an engine reserves (built from cfg.task where None)."""
     kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
-    return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank)
+    return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
+                             task=task)
 
 
 def resolve_backend(name: str) -> str:
@@ -131,7 +134,29 @@ def _vllm_check(cfg) -> None:
     check_vllm_settings({"rollout.temperature": cfg.rollout.temperature, "eval.temperature": cfg.eval.temperature})
 
 
-def _vllm_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0):
+def longest_prompt_tokens(task, tokenizer, cap: int = 0) -> int:
+    """Tokens of the task's longest prompt (training and held-out problems), as the engine
+    receives them (no special tokens added); at most `cap` where it is set, since
+    task.max_prompt_tokens leaves the longer ones out."""
+    prompts = [task.prompt(p, tokenizer) for p in (*task.train, *task.held_out)]
+    longest = max((len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]), default=0)
+    return min(longest, cap) if cap > 0 else longest
+
+
+def _vllm_model_len(cfg, tokenizer, task) -> int:
+    """What vLLM reserves KV cache for where rollout.vllm.max_model_len is 0: the longest prompt
+    plus the response limit (the quick eval samples with the rollout settings too), instead of
+    the model's own limit (32k and more for Qwen2.5), which sizes the cache for sequences the run
+    never makes."""
+    if cfg.rollout.vllm.max_model_len:
+        return cfg.rollout.vllm.max_model_len
+    from benchmarks.tasks import build_task
+
+    task = task if task is not None else build_task(cfg.task, cfg.train.seed)
+    return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
+
+
+def _vllm_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0, task=None):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
     if cfg.model.name == TINY:
@@ -143,7 +168,8 @@ def _vllm_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: i
     return VLLMEngine(resolve_model(cfg.model.name), options=options, seed=cfg.train.seed + rank // tp, policy=model,
                       lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else None, scratch_dir=scratch_dir,
                       processes=processes, tp_gather=tensor_parallel_gather(tp) if tp > 1 else None,
-                      say=say_on_stderr if rank == 0 else (lambda text: None))
+                      say=say_on_stderr if rank == 0 else (lambda text: None),
+                      model_len=_vllm_model_len(cfg, tokenizer, task))
 
 
 ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent the policy after each update")(

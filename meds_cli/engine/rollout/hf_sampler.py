@@ -10,6 +10,9 @@ generate's general machinery costs time that this shape does not need. The loop 
     seed only, never on the rows beside it, in one vectorised call per step;
   - decodes with the LoRA adapter merged into the base weights (one matmul per linear layer
     instead of three), restoring the original weight tensors afterwards, untouched;
+  - reads values back from the device once per step (the count of ended rows, through
+    `host_read`; top_p < 1 adds one, two where a nucleus passes its first look): on a GPU each read
+    makes the host wait for the queued kernels, so everything else stays on the device;
   - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py),
     for responses long enough to pay for the packing, and runs the decode steps of Llama-layout
     models over those weights without the model's module calls (engine/rollout/decoder_step.py).
@@ -52,11 +55,14 @@ def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: flo
         weights, order = _nucleus(weights, top_p)
     cdf = weights.cumsum(-1)
     mass = cdf[:, -1:]
-    index = torch.searchsorted(cdf, uniforms[:, None] * mass, right=True).clamp_(max=cdf.shape[-1] - 1)
-    # u * mass can round up to the whole mass; take the most likely token then.
-    zero = weights.gather(-1, index).squeeze(-1) <= 0
-    if zero.any():
-        index[zero] = weights[zero].argmax(-1, keepdim=True)
+    # u * mass can round up to the whole mass: held just below it, the draw is the last token with
+    # weight (the inverse CDF's limit as u -> 1), found without reading anything back to the host
+    target = torch.minimum(uniforms[:, None] * mass, torch.nextafter(mass, torch.zeros_like(mass)))
+    index = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    if order is not None:
+        # past the nucleus the weights are zero and the cumulative sum flat, up to the rounding of
+        # a parallel scan: a draw there takes the nucleus's most likely token (sorted first)
+        index = torch.where(weights.gather(-1, index) > 0, index, 0)
     tokens = (order.gather(-1, index) if order is not None else index).squeeze(-1)
     logp = scaled.gather(-1, tokens[:, None]) - peak - mass.log()
     return tokens, logp.squeeze(-1)
@@ -71,9 +77,11 @@ def _nucleus(weights: torch.Tensor, top_p: float, first_look: int = 256) -> tupl
     total = weights.sum(-1, keepdim=True)
     values, order = weights.topk(min(first_look, weights.shape[-1]))
     if values.shape[-1] < weights.shape[-1]:
-        wide = (values.sum(-1, keepdim=True) < top_p * total).squeeze(-1)
-        if wide.any():
-            values, order = _widen(weights, values, order, wide.nonzero().squeeze(-1), top_p * total)
+        wide = values.sum(-1) < top_p * total.squeeze(-1)
+        count = host_read(wide.sum())  # a sort's shape depends on it: the one read of a nucleus
+        if count:
+            rows = _first_true(wide, count)
+            values, order = _widen(weights, values, order, rows, top_p * total)
     keep = values.cumsum(-1) - values < top_p * total
     keep[:, 0] = True
     return values * keep, order
@@ -84,11 +92,24 @@ def _widen(weights, values, order, rows, threshold) -> tuple[torch.Tensor, torch
     the longest of their nuclei: the other rows are padded with zero weights (never drawn)."""
     sorted_values, sorted_order = weights[rows].sort(-1, descending=True)
     in_nucleus = sorted_values.cumsum(-1) - sorted_values < threshold[rows]
-    width = max(values.shape[-1], int(in_nucleus.sum(-1).max()))
+    width = max(values.shape[-1], host_read(in_nucleus.sum(-1).max()))
     wide_values, wide_order = values.new_zeros(len(weights), width), order.new_zeros(len(weights), width)
     wide_values[:, :values.shape[-1]], wide_order[:, :values.shape[-1]] = values, order
     wide_values[rows], wide_order[rows] = sorted_values[:, :width], sorted_order[:, :width]
     return wide_values, wide_order
+
+
+def host_read(tensor: torch.Tensor):
+    """`tensor`'s values on the host (a number or nested lists). The decode loop reads the device
+    only through this: on a GPU each read waits for every kernel queued before it, so the loop
+    keeps them to one per step (tests/test_decode_syncs.py counts them)."""
+    return tensor.tolist()
+
+
+def _first_true(flags: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the `count` true entries of the boolean vector `flags`, in order: what
+    `flags.nonzero()` gives, without the read of the count it makes on a GPU."""
+    return (~flags).to(torch.int8).argsort(stable=True)[:count]
 
 
 def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
@@ -196,20 +217,23 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
         if t < settings.min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
         token, logp = choose_tokens(logits, uniforms[running, t], settings.temperature, settings.top_p)
-        live = running[alive]
-        tokens_out[live, t] = token[alive]
-        logp_out[live, t] = logp[alive]
+        # Every batch row is written, ended ones too: their draws land past their length, which
+        # is all that is read of them, and nothing here has to know on the host which rows live.
+        tokens_out[running, t] = token
+        logp_out[running, t] = logp
         if lens is not None:  # the states of the forward whose logits chose this token
-            lens_out[live, t] = lens.values(token)[alive]
-        lengths[live] += 1
+            lens_out[running, t] = lens.values(token)
+        lengths[running] += alive
         ended = torch.isin(token, stop) & alive
-        stopped[running[ended]] = True
+        stopped[running] |= ended
         alive &= ~ended
-        dead = int((~alive).sum())  # the step's one read back to the host
-        if t == steps - 1 or dead == len(alive):
+        if t == steps - 1:
+            break
+        dead = host_read((~alive).sum())  # the step's one read back to the host
+        if dead == len(alive):
             break
         if dead * 4 >= len(alive):
-            keep = alive.nonzero().squeeze(-1)
+            keep = _first_true(alive, len(alive) - dead)
             running, token, mask, next_position = running[keep], token[keep], mask[keep], next_position[keep]
             alive = alive[keep]
             cache.batch_select_indices(keep)

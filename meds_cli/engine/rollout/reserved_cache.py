@@ -24,6 +24,11 @@ class ReservedLayer(DynamicLayer):
     buffers [rows, heads, capacity, head_dim]; update() writes in place while there is room and
     falls back to concatenation past the capacity."""
 
+    # transformers' mask builder reads the padding mask's values back to the host at every decode
+    # step, to skip the mask where nothing is padded, unless the cache is compileable (fixed
+    # buffers, as this one's are): then it builds the mask on the device, with no read.
+    is_compileable = True
+
     def __init__(self, layer: DynamicLayer, rows: torch.Tensor, capacity: int):
         super().__init__()
         self.device = layer.keys.device

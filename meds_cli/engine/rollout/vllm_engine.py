@@ -12,8 +12,10 @@ the node, which then pool their prompts). The engine follows the policy:
   - while the trainer updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
     weights to CPU, KV cache dropped; level 2: weights dropped too, only with a full-weight push,
     which wakes the weights first, loads, then wakes the KV cache);
-  - prompts go in as token ids (TokensPrompt: no second BOS), one request per sample with its own
-    seed, and the same stop ids as the `hf` engine (EOS ignored, so that set is the only one);
+  - prompts go in as token ids (TokensPrompt: no second BOS), one request per prompt asking for
+    its whole group (`n`) from the engine's seed, as TRL and verl ask, or, with
+    `seed_per_request` (the default off a CUDA GPU), one request per sample with its own seed: see
+    `seeds_per_request`; the same stop ids as the `hf` engine (EOS ignored, so that set is the only one);
     the sampler's log-probs come back (`logprobs_mode=processed_logprobs`: after temperature
     and top-p, the distribution actually sampled).
 
@@ -42,6 +44,8 @@ from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
+# vLLM platforms (current_platform.device_type) where `seed_per_request: auto` asks for groups
+BATCHED_SAMPLING_PLATFORMS = ("cuda",)
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses a higher temperature
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
 
@@ -61,8 +65,16 @@ class VLLMConfig:
                        "with LoRA: push the adapter as a new LoRARequest each step, or load merged weights in place")
     dtype: str = choice("bfloat16", ["bfloat16", "float16", "float32", "auto"], "what vLLM computes in (on a CPU "
                         "without native bfloat16, float32 is several times faster)")
-    max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the model's limit)",
+    max_model_len: int = doc(0, "longest prompt + response vLLM reserves KV cache for (0: the task's longest "
+                                "prompt + rollout.max_new_tokens, or the model's limit where no task is known)",
                              at_least(0))
+    max_num_batched_tokens: int = doc(0, "tokens vLLM's scheduler runs in one step, prompt chunks included: its "
+                                         "activation memory (0: vLLM's default)", at_least(0))
+    seed_per_request: bool | str = doc(
+        "auto", "true: one vLLM request per sample with its own seed, reproducible to the bit and across a resume, "
+        "but vLLM then samples row by row (much slower on a GPU); false: one request per prompt for its group, drawn "
+        "from the engine's seed (TRL's and verl's way); auto: false on a CUDA GPU, true elsewhere (CPU)",
+        Check(lambda v: v in ("auto", True, False), "auto, true or false"))
     enforce_eager: bool = doc(False, "no torch.compile and no CUDA graphs: the engine starts in seconds but decodes "
                               "slower on a GPU (on a CPU, compiling takes minutes)")
 
@@ -114,6 +126,20 @@ def refusal_text(err: ValueError) -> str:
             pass
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+def seeds_per_request(option: bool | str, platform: str) -> bool:
+    """Whether each sample goes to vLLM as its own request with its own seed (rollout.vllm.seed_per_request).
+
+    A seeded request has its own torch generator, so its sample depends on (prompt, seed) only: the
+    same whatever else is in the batch, and again after a resume. vLLM draws such requests one
+    by one instead of in its batched sampler, which costs little on CPU and much on a GPU. On CPU
+    the calls are already cut into waves for seeded requests (`_waves`: vLLM 0.32's CPU scheduler
+    cannot split their prompts), and that seeded path is the one tests/test_vllm_real.py checks
+    there. So `auto` is false on a CUDA GPU and true elsewhere (CPU; other accelerators keep the
+    per-sample seeds until measured). Without them a run is reproducible only as vLLM's batched
+    sampling is (same engine seed, same batches, same kernels; not across a resume)."""
+    return platform not in BATCHED_SAMPLING_PLATFORMS if option == "auto" else bool(option)
 
 
 def say_on_stderr(text: str) -> None:
@@ -207,7 +233,9 @@ def _scheduler_config(llm):
 
 class VLLMEngine:
     """See the module docstring. `policy`: the training model (pushed after updates), or None for
-    a fixed model (eval); `adapter_path`: a fixed LoRA adapter to serve (eval of a checkpoint)."""
+    a fixed model (eval); `adapter_path`: a fixed LoRA adapter to serve (eval of a checkpoint);
+    `model_len`: the longest prompt plus response the caller will ask for, the KV cache's size
+    where options.max_model_len is 0 (0: the model's own limit)."""
 
     name = "vllm"
     records_lens = False  # vLLM exposes no hidden states: MEDS reads its features from the scoring pass
@@ -215,7 +243,7 @@ class VLLMEngine:
     def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
                  adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
                  tp_gather: Callable | None = None, api: SimpleNamespace | None = None,
-                 say: Callable[[str], None] = say_on_stderr):
+                 say: Callable[[str], None] = say_on_stderr, model_len: int = 0):
         lora = lora_rank is not None
         if options.sleep_level == 2 and lora and options.sync == "adapter" and policy is not None:
             raise UserError("rollout.vllm.sleep_level=2 frees the base weights, which an adapter push does not "
@@ -230,12 +258,15 @@ class VLLMEngine:
         self.options, self.policy, self.scratch_dir = options, policy, scratch_dir
         self.push_adapter = lora and options.sync == "adapter" and policy is not None
         self.tp_gather = tp_gather
+        self.per_sample_seeds = seeds_per_request(options.seed_per_request, self.api.platform)
         kwargs = dict(model=source, tokenizer=source, dtype=options.dtype, seed=seed,
                       gpu_memory_utilization=options.gpu_memory_utilization,
                       tensor_parallel_size=options.tensor_parallel_size,
                       enable_sleep_mode=options.sleep_level > 0, logprobs_mode="processed_logprobs")
-        if options.max_model_len:
-            kwargs["max_model_len"] = options.max_model_len
+        if options.max_model_len or model_len:
+            kwargs["max_model_len"] = options.max_model_len or model_len
+        if options.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = options.max_num_batched_tokens
         if options.enforce_eager:
             kwargs["enforce_eager"] = True
         elif self.api.platform == "cpu":
@@ -347,18 +378,32 @@ class VLLMEngine:
             used += cost
         return waves + ([wave] if wave else [])
 
+    def _vllm_requests(self, items: list[tuple[tuple[int, ...], int]]) -> list[tuple[tuple[int, ...], int, int | None]]:
+        """(prompt ids, n, seed) of each vLLM request for `items` (prompt ids, sample seed), whose
+        samples come back in the items' order: one per item with its seed, or one per run of
+        consecutive items with the same prompt (a request's group) with no seed of its own."""
+        if self.per_sample_seeds:
+            return [(ids, 1, int(seed)) for ids, seed in items]
+        runs: list[list] = []
+        for ids, _ in items:
+            if runs and runs[-1][0] == ids:
+                runs[-1][1] += 1
+            else:
+                runs.append([ids, 1])
+        return [(ids, n, None) for ids, n in runs]
+
     def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
-        prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _ in items]
-        params = [api.SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,
+        requests = self._vllm_requests(items)
+        prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in requests]
+        params = [api.SamplingParams(n=n, temperature=settings.temperature, top_p=settings.top_p,
                                      max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
-                                     stop_token_ids=list(settings.stop_ids), ignore_eos=True, seed=int(seed),
+                                     stop_token_ids=list(settings.stop_ids), ignore_eos=True, seed=seed,
                                      logprobs=0, detokenize=False)
-                  for _, seed in items]
+                  for _, n, seed in requests]
         outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
         samples = []
-        for output in outputs:
-            completion = output.outputs[0]
+        for completion in (c for output in outputs for c in sorted(output.outputs, key=lambda c: c.index)):
             tokens = list(completion.token_ids)
             logprobs = None
             if completion.logprobs is not None:

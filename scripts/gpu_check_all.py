@@ -1,0 +1,270 @@
+"""One command for the first GPU (`make gpu-check`, docs/gpu.md): the GPU check on the
+Qwen2.5-Math-1.5B architecture, then a short `meds train` run of each setup a user would pick,
+each under a time limit, and one table: setup, passed or the first line of its error, peak GPU
+memory, tokens per second.
+
+    python scripts/gpu_check_all.py            # every row this machine has the GPUs for
+    python scripts/gpu_check_all.py --only hf  # rows whose name starts with `hf`
+
+The runs train a random-weight model built from configs/gpu_check/qwen2.5-math-1.5b (saved once
+to a temporary folder with the embedded SmolLM2 tokenizer, so nothing is downloaded) with the
+settings of scripts/gpu_check.py: DAPO+MEDS on arithmetic, every response forced to the length
+limit, dynamic sampling off. Peak memory is the largest GPU's, polled from nvidia-smi every
+second (vLLM's memory included); tokens per second are the generated tokens of the run's
+steps (metrics.jsonl). Without a GPU it says so in one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NO_GPU = "gpu-check: no GPU visible (torch.cuda.is_available() is false); nothing run"
+RUN_SHAPE = {"prompts": 8, "group": 8, "tokens": 256, "micro": 8, "steps": 2, "precision": "bf16"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One row: `overrides` on top of the GPU check's run settings; `processes`: 1, or 0 for
+    one per GPU; `min_gpus`: the row is left out on a machine with fewer."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    processes: int = 1
+    min_gpus: int = 1
+    time_limit_s: int = 900
+
+
+VLLM = ("rollout.engine=vllm",)
+SETUPS = (
+    Setup("hf engine", ("rollout.engine=hf",)),
+    Setup("vLLM colocated, sleep level 1", (*VLLM, "rollout.vllm.sleep_level=1")),
+    Setup("vLLM colocated, sleep level 2", (*VLLM, "rollout.vllm.sleep_level=2")),
+    Setup("LoRA, vLLM adapter sync", (*VLLM, "model.lora.enabled=true", "optim.lr=1e-5", "rollout.vllm.sync=adapter",
+                                      "rollout.vllm.sleep_level=1")),
+    Setup("FSDP2 on every GPU", ("rollout.engine=hf", "train.sharding=fsdp2"), processes=0, time_limit_s=1200),
+    Setup("vLLM tensor parallel 2", (*VLLM, "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.sleep_level=1"),
+          processes=2, min_gpus=2, time_limit_s=1200),
+)
+
+
+@dataclass
+class Planned:
+    name: str
+    argv: list[str]
+    time_limit_s: int
+    run_dir: Path | None = None  # where a meds run writes metrics.jsonl (None: the GPU check script)
+
+
+@dataclass
+class Result:
+    name: str
+    outcome: str  # "passed", or the first line of the error
+    peak_gib: float | None = None
+    tokens_per_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_overrides(setup: Setup, model_dir: Path, processes: int) -> list[str]:
+    """The `--set` values of a setup's `meds train` run: the GPU check's settings at RUN_SHAPE
+    (prompts rounded to a multiple of the processes), the model, then the setup's own."""
+    shape = dict(RUN_SHAPE)
+    shape["prompts"] = max(1, shape["prompts"] // processes) * processes
+    return [*gpu_check_module().overrides(shape), f"model.name={model_dir}", *setup.overrides]
+
+
+def meds_argv(python: str, setup: Setup, gpus: int, model_dir: Path, run_dir: Path) -> list[str]:
+    """The command line of a setup's run: `python -m meds_cli train ...`, under `accelerate
+    launch` where the setup takes several processes. A setup of one process per GPU on a
+    one-GPU machine runs under torch.distributed.run: FSDP2's device mesh needs a process group
+    even of one."""
+    processes = gpus if setup.processes == 0 else setup.processes
+    train = ["train", "--quiet", "--output", str(run_dir)]
+    for value in run_overrides(setup, model_dir, processes):
+        train += ["--set", value]
+    if processes == 1 and setup.processes == 0:
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "meds_cli",
+                *train]
+    if processes == 1:
+        return [python, "-m", "meds_cli", *train]
+    return [python, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no", "-m", "meds_cli", *train]
+
+
+def plan(gpus: int, python: str, model_dir: Path, out_root: Path, only: str = "") -> list[Planned]:
+    """The rows this machine runs, in order: the GPU check script, then every setup it has the GPUs for."""
+    rows = [Planned("gpu_check.py, 1.5B architecture", [python, str(ROOT / "scripts" / "gpu_check.py"), "--steps", "2"],
+                    900)]
+    for number, setup in enumerate(SETUPS, start=1):
+        if gpus >= setup.min_gpus:
+            run_dir = out_root / f"run-{number}"
+            rows.append(Planned(setup.name, meds_argv(python, setup, gpus, model_dir, run_dir), setup.time_limit_s,
+                                run_dir))
+    return [row for row in rows if row.name.startswith(only)]
+
+
+def first_error_line(stderr: str, returncode: int) -> str:
+    """The line that says what went wrong: meds's own one-line error ('error: ...'), else the
+    last line of a traceback (the exception), else the last line written, else the exit code."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith("error:"):
+            return line
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Interrupt")) or head == "AssertionError":
+            return line
+    return lines[-1] if lines else f"exit code {returncode}"
+
+
+def gpu_memory_mib(text: str) -> list[int]:
+    """Memory in use per GPU from `nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits`."""
+    return [int(float(line)) for line in text.split() if line.strip()]
+
+
+def run_tokens_per_s(run_dir: Path) -> float | None:
+    """Generated tokens per second of sampling over a run's steps (metrics.jsonl), None where it wrote none."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if "tokens_per_s" in row]
+    return sum(row["tokens_per_s"] for row in rows) / len(rows) if rows else None
+
+
+def check_tokens_per_s(stdout: str) -> float | None:
+    """The mean of the `gen tok/s` column of gpu_check.py's step table."""
+    lines = stdout.splitlines()
+    header = next((i for i, line in enumerate(lines) if "gen tok/s" in line), None)
+    if header is None:
+        return None
+    column = lines[header].split("  ")
+    column = [c.strip() for c in column if c.strip()].index("gen tok/s")
+    values = []
+    for line in lines[header + 1:]:
+        cells = line.split()
+        if not cells or not cells[0].isdigit():
+            break
+        values.append(float(cells[column]))
+    return sum(values) / len(values) if values else None
+
+
+def table(results: list[Result]) -> str:
+    """The report: one line per setup."""
+    heads = ("setup", "result", "peak GiB", "tokens/s")
+    cells = [(r.name, r.outcome, "-" if r.peak_gib is None else f"{r.peak_gib:.1f}",
+              "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.0f}") for r in results]
+    widths = [max(len(row[i]) for row in [heads, *cells]) for i in range(2)]
+    lines = [f"{heads[0]:<{widths[0]}}  {heads[1]:<{widths[1]}}  {heads[2]:>8}  {heads[3]:>9}"]
+    lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>8}  {d:>9}" for a, b, c, d in cells]
+    return "\n".join(lines)
+
+
+class MemoryPoller:
+    """The largest memory in use on any GPU while the block runs, from nvidia-smi every second."""
+
+    def __init__(self):
+        self.peak_mib, self._stop = None, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                used = gpu_memory_mib(out)
+                if used:
+                    self.peak_mib = max(self.peak_mib or 0, max(used))
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                return  # no nvidia-smi: the column stays empty
+            self._stop.wait(1.0)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=15)
+        return False
+
+
+def run_row(row: Planned, env: dict) -> Result:
+    with MemoryPoller() as memory:
+        try:
+            done = subprocess.run(row.argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=row.time_limit_s, start_new_session=True)
+            outcome = "passed" if done.returncode == 0 else first_error_line(done.stderr, done.returncode)
+            stdout = done.stdout
+        except subprocess.TimeoutExpired as timeout:
+            outcome, stdout = f"timed out after {row.time_limit_s} s", timeout.stdout or ""
+            stdout = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
+    speed = run_tokens_per_s(row.run_dir) if row.run_dir is not None else check_tokens_per_s(stdout)
+    peak = None if memory.peak_mib is None else memory.peak_mib / 1024
+    return Result(row.name, outcome, peak, speed)
+
+
+def save_random_model(folder: Path) -> None:
+    """The 1.5B architecture with random weights (bfloat16 on disk) and the embedded tokenizer."""
+    import torch
+
+    from meds_cli.engine.model_io.model import EMBEDDED, load_tokenizer, resolve_model
+
+    model = gpu_check_module().build_model(tiny=False, device="cpu")
+    model.to(torch.bfloat16).save_pretrained(folder)
+    load_tokenizer(resolve_model(EMBEDDED)).save_pretrained(folder)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only the rows whose name starts with this")
+    parser.add_argument("--keep", action="store_true", help="keep the model and run folders (printed at the end)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU)
+        return 2
+    gpus = torch.cuda.device_count()
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-all-"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"gpu-check: {gpus} GPU(s) ({torch.cuda.get_device_name(0)}); building the random 1.5B model in {work}",
+          flush=True)
+    save_random_model(work / "model")
+    results = []
+    for row in plan(gpus, sys.executable, work / "model", work, args.only):
+        started = time.perf_counter()
+        results.append(run_row(row, env))
+        print(f"  {row.name}: {results[-1].outcome} ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(table(results))
+    if args.keep:
+        print(f"model and runs kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r.outcome == "passed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

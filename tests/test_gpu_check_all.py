@@ -1,0 +1,127 @@
+"""scripts/gpu_check_all.py (`make gpu-check`): the rows it plans for a machine's GPUs, command
+lines that meds and accelerate accept (checked with --dry-run on CPU), the table's parts, and
+one line with exit code 2 where no GPU is visible."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meds_cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURE = ROOT / "configs" / "gpu_check" / "qwen2.5-math-1.5b"
+
+
+def runner_module():
+    spec = importlib.util.spec_from_file_location("gpu_check_all", ROOT / "scripts" / "gpu_check_all.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _plan(gpus):
+    return runner_module().plan(gpus, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"))
+
+
+def test_rows_in_order_and_tensor_parallel_only_with_two_gpus():
+    names = [row.name for row in _plan(1)]
+    assert names == ["gpu_check.py, 1.5B architecture", "hf engine", "vLLM colocated, sleep level 1",
+                     "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync", "FSDP2 on every GPU"]
+    assert [row.name for row in _plan(2)] == [*names, "vLLM tensor parallel 2"]
+    assert all(row.time_limit_s > 0 for row in _plan(2))
+
+
+def test_fsdp2_runs_one_process_per_gpu_under_accelerate():
+    fsdp = next(row for row in _plan(8) if row.name.startswith("FSDP2"))
+    argv = fsdp.argv
+    assert argv[:3] == ["/venv/bin/python", "-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--num_processes") + 1] == "8" and "train.sharding=fsdp2" in argv
+    assert "rollout.prompts_per_step=8" in argv
+    # prompts divide over the processes
+    three = next(row for row in _plan(3) if row.name.startswith("FSDP2")).argv
+    assert "rollout.prompts_per_step=6" in three and "rollout.generation_batch_size=48" in three
+
+
+def test_the_launchers_accept_their_arguments():
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import get_args_parser
+
+    launched = [row for row in _plan(2) if "accelerate.commands.launch" in row.argv]
+    assert [row.name for row in launched] == ["FSDP2 on every GPU", "vLLM tensor parallel 2"]
+    for row in launched:
+        args = launch_command_parser().parse_args(row.argv[3:])
+        assert args.multi_gpu and args.num_processes == 2 and args.module
+    # one GPU: FSDP2 still needs a process group, of one process
+    fsdp = next(row for row in _plan(1) if row.name.startswith("FSDP2"))
+    assert fsdp.argv[1:3] == ["-m", "torch.distributed.run"]
+    args = get_args_parser().parse_args(fsdp.argv[3:])
+    assert args.standalone and args.nproc_per_node == "1" and args.module and args.training_script == "meds_cli"
+
+
+def test_every_meds_command_line_is_accepted(tmp_path):
+    """Each run's arguments after `-m meds_cli`, with --dry-run: the config loads and validates
+    (model.name is the architecture folder, whose config.json is all a dry run reads)."""
+    cli = CliRunner()
+    for row in _plan(2)[1:]:
+        args = row.argv[row.argv.index("meds_cli") + 1:]
+        args[args.index("--output") + 1] = str(tmp_path / "run")
+        result = cli.invoke(app, [*args, "--dry-run"])
+        assert result.exit_code == 0, (row.name, result.output[-2000:])
+        assert "dry run: nothing was loaded" in result.output
+        assert "rollout.min_new_tokens=256" in args and f"model.name={ARCHITECTURE}" in args
+
+
+def test_first_error_line_finds_what_went_wrong():
+    first = runner_module().first_error_line
+    assert first("loading\nerror: rollout.engine=vllm needs the vllm package\n", 1) == \
+        "error: rollout.engine=vllm needs the vllm package"
+    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\n" \
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert first(traceback, 1) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert first("something odd\nlast words\n", 3) == "last words"
+    assert first("", -9) == "exit code -9"
+
+
+def test_memory_speed_and_table():
+    module = runner_module()
+    assert module.gpu_memory_mib("1024\n81559\n") == [1024, 81559]
+    # gpu_check.py's step table (its own header and column order)
+    stdout = ("Qwen2.5-Math-1.5B architecture, ...\n"
+              "step  generate s  score s  train s  total s  gen tok/s  train tok/s  resp len\n"
+              "   1        4.29     0.00     1.92     6.48       14.9        199.9       8.0\n"
+              "   2        1.95     0.00     4.45     6.46       35.1         86.4       8.0\n"
+              "peak GPU memory: 30.0 GiB allocated\n")
+    assert module.check_tokens_per_s(stdout) == pytest.approx((14.9 + 35.1) / 2)
+    results = [module.Result("hf engine", "passed", 31.25, 812.4),
+               module.Result("vLLM tensor parallel 2", "error: needs the vllm package")]
+    lines = module.table(results).splitlines()
+    assert lines[0].split()[:2] == ["setup", "result"] and len(lines) == 3
+    assert lines[1].startswith("hf engine") and lines[1].split()[-2:] == ["31.2", "812"]
+    assert lines[2].split()[-2:] == ["-", "-"] and "error: needs the vllm package" in lines[2]
+
+
+def test_run_speed_is_the_mean_of_the_steps(tmp_path):
+    module = runner_module()
+    assert module.run_tokens_per_s(tmp_path) is None
+    rows = [{"step": 1, "tokens_per_s": 100.0}, {"step": 2, "tokens_per_s": 300.0}, {"event": "eval"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert module.run_tokens_per_s(tmp_path) == 200.0
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check_all.py")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == [runner_module().NO_GPU] and done.stderr == ""
