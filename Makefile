@@ -1,5 +1,5 @@
 # The two commands of the README: `make train` (the embedded demo run) and `make test`.
-.PHONY: setup setup-vllm train test test-slow test-kernels test-vllm
+.PHONY: setup setup-vllm train test test-slow test-kernels test-vllm test-slurm
 
 setup:
 	bash scripts/setup.sh
@@ -38,3 +38,8 @@ setup-vllm:
 # The tests against the real vLLM (marked vllm; the default suite leaves them out), in .venv-vllm.
 test-vllm: setup-vllm
 	.venv-vllm/bin/python -m pytest -q -m vllm
+
+# The tests against a real Slurm cluster (marked slurm; the default suite leaves them out): start
+# a one-node one here first with `sudo bash scripts/slurm_local.sh start` (stop: ... stop).
+test-slurm: setup
+	.venv/bin/python -m pytest -q -m slurm
