@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
+from meds_cli.engine.launchers import slurm_settings
 from meds_cli.engine.launchers.local import task_environment, thread_share
 from meds_cli.engine.launchers.slurm_array import render_array_script
-from meds_cli.engine.launchers.slurm_settings import (Partition, SlurmSettings, check_against_cluster,
-                                                      check_settings, parse_partitions, time_minutes)
+from meds_cli.engine.launchers.slurm_settings import SlurmSettings
 from meds_cli.engine.launchers.tasks import Task
 from tests.test_ablate import TINY_SETS
 
@@ -25,17 +25,17 @@ runner = CliRunner()
 
 def test_slurm_time_forms():
     # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-    assert time_minutes("30") == 30
-    assert time_minutes("10:30") == 10.5  # 10 min 30 s
-    assert time_minutes("4:00:00") == 240
-    assert time_minutes("1:02:30") == 62.5  # 60 + 2 + 0.5
-    assert time_minutes("1-12") == 2160  # 1440 + 12 * 60
-    assert time_minutes("2-01:30") == 2970  # 2880 + 60 + 30
-    assert time_minutes("0-00:00:30") == 0.5
-    assert time_minutes("INFINITE") == math.inf and time_minutes("unlimited") == math.inf
+    assert slurm_settings.time_minutes("30") == 30
+    assert slurm_settings.time_minutes("10:30") == 10.5  # 10 min 30 s
+    assert slurm_settings.time_minutes("4:00:00") == 240
+    assert slurm_settings.time_minutes("1:02:30") == 62.5  # 60 + 2 + 0.5
+    assert slurm_settings.time_minutes("1-12") == 2160  # 1440 + 12 * 60
+    assert slurm_settings.time_minutes("2-01:30") == 2970  # 2880 + 60 + 30
+    assert slurm_settings.time_minutes("0-00:00:30") == 0.5
+    assert slurm_settings.time_minutes("INFINITE") == math.inf and slurm_settings.time_minutes("unlimited") == math.inf
     for bad in ("4h", "1:2:3:4", "", "-5", "1-"):
         with pytest.raises(ValueError):
-            time_minutes(bad)
+            slurm_settings.time_minutes(bad)
 
 
 SINFO = """debug*|infinite|(null)|2
@@ -46,11 +46,11 @@ gpu|1-00:00:00|(null)|128
 
 
 def test_partitions_from_sinfo():
-    parts = parse_partitions(SINFO)
-    assert parts["debug"] == Partition("debug", True, math.inf, False, 2)
-    assert parts["short"] == Partition("short", False, 10, False, 2)
+    parts = slurm_settings.parse_partitions(SINFO)
+    assert parts["debug"] == slurm_settings.Partition("debug", True, math.inf, False, 2)
+    assert parts["short"] == slurm_settings.Partition("short", False, 10, False, 2)
     # two node kinds in one partition: GPUs on some nodes, the larger node's CPUs
-    assert parts["gpu"] == Partition("gpu", False, 1440, True, 128)
+    assert parts["gpu"] == slurm_settings.Partition("gpu", False, 1440, True, 128)
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -64,12 +64,12 @@ def test_partitions_from_sinfo():
     (SlurmSettings(cpus_per_task=4), "--slurm-cpus-per-task 4: the nodes of partition 'debug' have at most 2 CPUs"),
 ])
 def test_settings_against_the_cluster(settings, message):
-    parts = parse_partitions(SINFO)
+    parts = slurm_settings.parse_partitions(SINFO)
     if message is None:
-        check_against_cluster(settings, parts)
+        slurm_settings.check_against_cluster(settings, parts)
         return
     with pytest.raises(UserError) as caught:
-        check_against_cluster(settings, parts)
+        slurm_settings.check_against_cluster(settings, parts)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
@@ -82,7 +82,7 @@ def test_settings_against_the_cluster(settings, message):
 ])
 def test_bad_forms(settings, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
-        check_settings(settings)
+        slurm_settings.check_settings(settings)
 
 
 def ablate(folder, *extra):
@@ -133,7 +133,7 @@ def test_the_array_script_reads_and_parses(tmp_path):
                  "#SBATCH --gpus-per-task=1", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=64G",
                  "#SBATCH --account=lab", "#SBATCH --qos=high", "#SBATCH --requeue",
                  f"    0) TASK={tmp_path}/a_seed-0 ;;", f"    1) TASK='{tmp_path}/b c' ;;",
-                 f"exec python -m meds_cli ablate-task '{tmp_path}/b c' ;;"):
+                 f"    1) COMMAND=(python -m meds_cli ablate-task '{tmp_path}/b c') ;;"):
         assert line in script, line
     assert 'exec >>"$TASK/slurm-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out" 2>&1' in script
     (tmp_path / "s.sbatch").write_text(script)

@@ -107,7 +107,8 @@ def test_a_task_killed_with_scancel_resumes_when_resubmitted(tmp_path):
     wait_for(lambda: not slurm_holds(job), what="the cancelled job to leave the queue")
     assert not (run / "eval").exists()
     collected = runner.invoke(app, ["ablate", "--collect", str(folder)])
-    assert "features-logits: unfinished: " in collected.output and "CANCELLED" in collected.output, collected.output
+    assert "features-logits: unfinished: meds: stopped by Slurm (SIGTERM: scancel" in flat(collected.output), \
+        collected.output
 
     resumed = ablate(folder, "--launcher", "slurm", steps=6, features="logits")  # resubmits the unfinished task
     assert resumed.exit_code == 0, resumed.output

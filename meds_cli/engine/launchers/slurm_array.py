@@ -25,8 +25,7 @@ def render_array_script(tasks: list[Task], folder: Path, settings: SlurmSettings
     """The sbatch script running `tasks` as array tasks 0..len-1, each its own command line."""
     folder = folder.resolve()
     limit = f"%{settings.max_parallel}" if settings.max_parallel else ""
-    commands = "\n".join(f"    {index}) cd {shlex.quote(str(workdir))} && exec {shlex.join(task.command)} ;;"
-                         for index, task in enumerate(tasks))
+    commands = "\n".join(f"    {index}) COMMAND=({shlex.join(task.command)}) ;;" for index, task in enumerate(tasks))
     folders = "\n".join(f"    {index}) TASK={shlex.quote(str(task.folder.resolve()))} ;;"
                         for index, task in enumerate(tasks))
     return f"""#!/bin/bash
@@ -47,9 +46,15 @@ exec >>"$TASK/slurm-${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}.out" 2>&1
 echo "meds: array task $SLURM_ARRAY_TASK_ID on $(hostname), start ${{SLURM_RESTART_COUNT:-0}} after requeues"
 # Torch's threads: the task's CPUs where --cpus-per-task was given.
 if [[ -n "${{SLURM_CPUS_PER_TASK:-}}" ]]; then export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK; fi
+# Slurm sends SIGTERM on scancel, preemption and the time limit: the log says so (the report shows its last line).
+trap 'echo "meds: stopped by Slurm (SIGTERM: scancel, preemption or the time limit); rerunning the command \
+resumes the task from its last checkpoint"; exit 143' TERM
+cd {shlex.quote(str(workdir))}
 case "$SLURM_ARRAY_TASK_ID" in
 {commands}
 esac
+"${{COMMAND[@]}}" &
+wait $!
 """
 
 
