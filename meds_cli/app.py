@@ -97,6 +97,23 @@ def train(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens "
                           "per step; load nothing, create nothing.")] = False,
+    launcher: Annotated[str, typer.Option(
+        help="local (this machine) or slurm (write and submit an sbatch script for --nodes N).")] = "local",
+    nodes: Annotated[int, typer.Option(help="slurm: nodes of the run.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="slurm: GPUs of each node, one process each.")] = 0,
+    processes_per_node: Annotated[Optional[int], typer.Option(
+        help="slurm, on CPUs: processes of each node (default 1).")] = None,
+    slurm_partition: Annotated[Optional[str], typer.Option(help="slurm: the partition.")] = None,
+    slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit (e.g. 1-00:00:00).")] = None,
+    slurm_cpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: CPUs of each node's task.")] = None,
+    slurm_mem: Annotated[Optional[str], typer.Option(help="slurm: memory of each node (e.g. 400G).")] = None,
+    slurm_account: Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")] = None,
+    slurm_extra: Annotated[Optional[list[str]], typer.Option(
+        help="slurm: any other sbatch option as KEY=VALUE; repeatable.")] = None,
+    requeue: Annotated[bool, typer.Option(
+        help="slurm: let Slurm requeue the job; it resumes from the last checkpoint.")] = False,
+    launched: Annotated[bool, typer.Option(
+        "--launched", hidden=True, help="The run folder was made by --launcher slurm (its script runs this).")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
     from meds_cli.commands.train import dry_run as show_plan
@@ -104,11 +121,33 @@ def train(
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
+    if launcher not in ("local", "slurm"):
+        raise UserError(f"--launcher '{launcher}' is not a launcher; accepted: local, slurm")
+    from meds_cli.engine.launchers.slurm_settings import SlurmSettings
+
+    settings = SlurmSettings(partition=slurm_partition, time=slurm_time, cpus_per_task=slurm_cpus_per_task,
+                             mem=slurm_mem, account=slurm_account, extra=list(slurm_extra or []), requeue=requeue)
+    if launcher == "slurm":
+        from meds_cli.commands.train_slurm import submit_training
+
+        if resume is not None:
+            raise UserError("--launcher slurm starts a new run; resubmit a stopped one with sbatch RUN/train.sbatch "
+                            "(it resumes from the last checkpoint)")
+        submit_training(config or [], set_ or [], shortcuts, nodes=nodes, gpus_per_node=gpus_per_node,
+                        processes_per_node=processes_per_node, settings=settings, dry_run=dry_run,
+                        console=Console(stderr=True, soft_wrap=True))
+        return
     if dry_run:
         console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
         show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
         return
-    code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
+    if (nodes, gpus_per_node, processes_per_node) != (1, 0, None) or settings != SlurmSettings():
+        raise UserError("--nodes, --gpus-per-node, --processes-per-node, --requeue and the --slurm-* options need "
+                        "--launcher slurm; on this machine, start several processes with accelerate launch")
+    from meds_cli.commands.train_slurm import PREPARED
+
+    code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet,
+                        prepared=PREPARED if launched else ())
     raise typer.Exit(code)
 
 

@@ -187,3 +187,52 @@ def test_jobs_2_equals_this_process_and_names_a_failing_task(tmp_path):
     assert report_rows(tmp_path / "parallel") == report_rows(tmp_path / "here")
     for name in ("features-logits", "features-random"):
         assert step_rows(tmp_path / "parallel" / name) == step_rows(tmp_path / "here" / name)
+
+
+def train(*options):
+    sets = sum((["--set", s] for s in TINY_SETS), [])
+    return runner.invoke(app, ["train", *sets, "--steps", "2", *options])
+
+
+def test_multi_node_train_script(tmp_path):
+    result = train("--launcher", "slurm", "--nodes", "2", "--processes-per-node", "2", "--output",
+                   str(tmp_path / "run"), "--requeue", "--slurm-time", "1-00", "--dry-run")
+    assert result.exit_code == 0, result.output
+    script = result.stdout  # the script; the "dry run: would create ..." line goes to stderr
+    assert "dry run: would create" in result.output
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --requeue", "#SBATCH --time=1-00",
+                 f"#SBATCH --output={tmp_path}/run/slurm-%j.out", "export ACCELERATE_USE_CPU=1",
+                 'export MAIN_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                 '    ARGS=(train --resume "$RUN")'):
+        assert line in script, line
+    assert ("--multi_gpu --num_machines $SLURM_NNODES --machine_rank $SLURM_NODEID --num_processes "
+            "$((SLURM_NNODES * 2)) --main_process_ip $MAIN_ADDR --main_process_port $MAIN_PORT") in script
+    (tmp_path / "train.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "train.sbatch")]).returncode == 0
+    assert not (tmp_path / "run").exists()
+    gpus = train("--launcher", "slurm", "--nodes", "4", "--gpus-per-node", "8", "--dry-run")
+    assert "#SBATCH --gpus-per-node=8" in gpus.output and "ACCELERATE_USE_CPU" not in gpus.output
+    assert "$((SLURM_NNODES * 8))" in gpus.output
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--nodes", "2"], "--nodes, --gpus-per-node, --processes-per-node, --requeue and the --slurm-* options need "
+                       "--launcher slurm"),
+    (["--launcher", "slurm", "--nodes", "0"], "--nodes 0: give 1 or more"),
+    (["--launcher", "slurm", "--gpus-per-node", "8", "--processes-per-node", "2"],
+     "--processes-per-node 2 with --gpus-per-node 8: a node runs one process per GPU"),
+    (["--launcher", "slurm", "--slurm-time", "1 day"], "--slurm-time '1 day' is not a Slurm time limit"),
+    (["--launcher", "slurm", "--resume", "runs/x"], "--launcher slurm starts a new run"),
+    (["--launcher", "lsf"], "--launcher 'lsf' is not a launcher; accepted: local, slurm"),
+])
+def test_bad_train_launch_options_are_one_line(tmp_path, options, message):
+    line = one_line(train("--output", str(tmp_path / "run"), *options))
+    assert message in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_without_sbatch_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    line = one_line(train("--launcher", "slurm", "--output", str(tmp_path / "run")))
+    assert "sbatch, which is not on PATH" in line
+    assert not (tmp_path / "run").exists()

@@ -164,3 +164,31 @@ def test_bad_settings_against_the_real_cluster(tmp_path, options, message):
     assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
     assert not (tmp_path / "abl").exists()
     assert subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout == before  # nothing submitted
+
+
+def test_multi_node_train_on_one_node_two_cpu_processes_resumes_after_a_requeue(tmp_path):
+    run = tmp_path / "run"
+    sets = sum((["--set", s] for s in TINY_SETS), [])
+    result = runner.invoke(app, ["train", *sets, "--steps", "4", "--launcher", "slurm", "--nodes", "1",
+                                 "--processes-per-node", "2", "--requeue", "--output", str(run)])
+    assert result.exit_code == 0, result.output
+    job = job_id(result.output)
+    assert (run / "train.sbatch").is_file() and (run / "config.yaml").is_file()
+    wait_for(lambda: (run / "checkpoints" / "step_2").is_dir(), what="the step-2 checkpoint")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_for(lambda: not slurm_holds(job), what="the requeued job to end")
+    log = (run / f"slurm-{job}.out").read_text()
+    assert "start 0 after requeues: meds train --config" in log
+    assert f"start 1 after requeues: meds train --resume {run}" in log and "resumed" in log, log
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    # two processes in one gloo group wrote the checkpoints
+    assert json.loads((run / "checkpoints" / "step_4" / "state.json").read_text())["world_size"] == 2
+
+
+def test_gpus_where_the_partition_has_none_is_one_line_for_train(tmp_path):
+    sets = sum((["--set", s] for s in TINY_SETS), [])
+    result = runner.invoke(app, ["train", *sets, "--launcher", "slurm", "--gpus-per-node", "8",
+                                 "--output", str(tmp_path / "run")])
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "--gpus-per-node 8: partition 'debug' has no GPUs" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
-from meds_cli.engine.launchers.slurm_settings import SlurmSettings, sbatch_lines
+from meds_cli.engine.launchers.slurm_settings import SlurmSettings, sbatch_lines, sbatch_submit
 from meds_cli.engine.launchers.tasks import ENDED, QUEUED, RUNNING, Task
 
 SCRIPT = "ablate.sbatch"
@@ -112,11 +112,7 @@ class SlurmArrayLauncher:
         (self.folder / ARRAY_LOGS).mkdir(parents=True, exist_ok=True)
         script = self.folder / SCRIPT
         replace_text(script, render_array_script(new, self.folder, self.settings, self.workdir))
-        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise UserError(f"sbatch refused {script}: {last}")
-        job = done.stdout.strip().split(";")[0]
+        job = sbatch_submit(script)
         jobs = read_jobs(self.folder)
         jobs[job] = [t.name for t in new]
         replace_text(self.folder / JOBS_FILE, json.dumps(jobs, indent=2) + "\n")

@@ -139,11 +139,25 @@ def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partiti
                         f"'{partition.name}' have at most {partition.cpus} CPUs")
 
 
-def check_before_submit(settings: SlurmSettings) -> None:
-    """Every check, against the cluster sinfo reaches."""
+def check_before_submit(settings: SlurmSettings, gpus_per_node: int = 0) -> None:
+    """Every check, against the cluster sinfo reaches; `gpus_per_node`: a multi-node run's GPUs."""
     check_settings(settings)
     sbatch_or_error()
-    check_against_cluster(settings, read_partitions())
+    partitions = read_partitions()
+    check_against_cluster(settings, partitions)
+    partition = partitions.get(settings.partition) or next(p for p in partitions.values() if p.default)
+    if gpus_per_node and not partition.has_gpus:
+        raise UserError(f"--gpus-per-node {gpus_per_node}: partition '{partition.name}' has no GPUs (sinfo lists no "
+                        "gpu GRES on its nodes); choose a GPU partition with --slurm-partition, or on CPUs give "
+                        "--processes-per-node")
+
+
+def sbatch_submit(script) -> str:
+    """Submit an sbatch script; its job id."""
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise UserError(f"sbatch refused {script}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return done.stdout.strip().split(";")[0]
 
 
 def sbatch_lines(settings: SlurmSettings) -> list[str]:
