@@ -297,7 +297,7 @@ def ablate(
     from benchmarks.harness import EvalSettings
     from meds_cli.commands.ablate import collect_report, make_plan, run_ablation
     from meds_cli.commands.ablate import dry_run as show_plan
-    from meds_cli.commands.ablate_launch import LaunchOptions, show_script
+    from meds_cli.commands.ablate_launch import LaunchOptions, show_script, with_grid_settings
     from meds_cli.commands.eval import HELDOUT
     from meds_cli.engine.launchers.slurm_settings import SlurmSettings
 
@@ -308,6 +308,7 @@ def ablate(
         partition=slurm_partition, time=slurm_time, gpus_per_task=slurm_gpus_per_task,
         cpus_per_task=slurm_cpus_per_task, mem=slurm_mem, account=slurm_account, max_parallel=slurm_max_parallel,
         extra=list(slurm_extra or []), requeue=requeue), wait=not no_wait)
+    launch = with_grid_settings(launch, grid)
     launch.check(cluster=False)  # the forms of the settings; the cluster is asked before submitting
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                      layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output)

@@ -236,3 +236,19 @@ def test_train_without_sbatch_is_one_line(tmp_path, monkeypatch):
     line = one_line(train("--launcher", "slurm", "--output", str(tmp_path / "run")))
     assert "sbatch, which is not on PATH" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_grid_files_slurm_section_under_the_flags(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("axes:\n  meds.features: [logits]\n"
+                    "slurm: {partition: short, time: '5', cpus-per-task: 2, extra: {qos: high}, requeue: true}\n")
+    result = ablate(tmp_path / "abl", "--grid", str(grid), "--launcher", "slurm", "--dry-run",
+                    "--slurm-time", "8", "--slurm-extra", "constraint=x")
+    assert result.exit_code == 0, result.output
+    for line in ("#SBATCH --partition=short", "#SBATCH --time=8", "#SBATCH --cpus-per-task=2", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=x", "#SBATCH --requeue"):
+        assert line in result.stdout, line
+    assert ablate(tmp_path / "abl", "--grid", str(grid), "--dry-run").exit_code == 0  # a local run ignores it
+    grid.write_text("slurm: {partitions: gpu}\n")
+    line = one_line(ablate(tmp_path / "abl", "--grid", str(grid), "--dry-run"))
+    assert "unknown slurm key 'partitions' (did you mean 'partition'?)" in line

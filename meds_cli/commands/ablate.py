@@ -19,6 +19,7 @@ Grid file:
       - {name: knn-vote, set: {meds.assign: knn}}
     seeds: [0, 1]                     # optional; every variant once per seed
     baseline: true                    # optional (default true)
+    slurm: {partition: gpu, time: "4:00:00", gpus-per-task: 1}   # optional: --launcher slurm's settings
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from meds_cli.engine.config import load_config, read_yaml
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline")
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
 
 

@@ -47,6 +47,20 @@ class LaunchOptions:
                 raise UserError("--no-wait needs --launcher slurm (local tasks end with the command)")
 
 
+def with_grid_settings(options: LaunchOptions, grid_file: Path | None) -> LaunchOptions:
+    """The options with the grid file's `slurm:` section under the --slurm-* flags (a flag wins)."""
+    from meds_cli.engine.config import read_yaml
+    from meds_cli.engine.launchers.slurm_settings import merged, settings_from_mapping
+
+    section = read_yaml(grid_file).get("slurm") if grid_file else None
+    if section is None:
+        return options
+    grid = settings_from_mapping(section, f"grid '{grid_file}'")  # checked whichever launcher runs the grid
+    if options.launcher == "slurm":
+        options.slurm = merged(grid, options.slurm)
+    return options
+
+
 def make_launcher(options: LaunchOptions, folder: Path, run_here: Callable[[Task], None]):
     if options.launcher == "slurm":
         return SlurmArrayLauncher(folder, options.slurm, Path.cwd())

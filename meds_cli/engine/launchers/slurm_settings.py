@@ -5,6 +5,7 @@ partition allows, GPUs on a partition without any, more CPUs per task than its n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shutil
@@ -25,6 +26,37 @@ class SlurmSettings:
     max_parallel: int | None = None  # the array's %N: at most N tasks at once
     extra: list[str] = field(default_factory=list)  # KEY=VALUE -> #SBATCH --KEY=VALUE
     requeue: bool = False
+
+
+def settings_from_mapping(data, where: str) -> SlurmSettings:
+    """A grid file's `slurm:` section ({partition: gpu, time: "4:00:00", extra: [qos=high], ...};
+    keys as the --slurm-* options without the prefix)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: the slurm section must be a mapping, e.g. slurm: {{partition: gpu, time: 4:00:00}}")
+    names = [f.name for f in dataclasses.fields(SlurmSettings)]
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in names:
+            raise UserError(f"{where}: unknown slurm key '{key}'{nearest(name, names)}; valid: {', '.join(names)}")
+        values[name] = value
+    extra = values.get("extra") or []
+    if isinstance(extra, dict):
+        extra = [f"{k}={v}" for k, v in extra.items()]
+    values["extra"] = [str(item) for item in ([extra] if isinstance(extra, str) else extra)]
+    for name in ("partition", "time", "mem", "account"):
+        if values.get(name) is not None:
+            values[name] = str(values[name])
+    return SlurmSettings(**values)
+
+
+def merged(grid: SlurmSettings, flags: SlurmSettings) -> SlurmSettings:
+    """The grid file's settings with the flags given on the command line winning (extras add up)."""
+    values = {f.name: getattr(flags, f.name) if getattr(flags, f.name) is not None else getattr(grid, f.name)
+              for f in dataclasses.fields(SlurmSettings)}
+    values["extra"] = [*grid.extra, *flags.extra]
+    values["requeue"] = grid.requeue or flags.requeue
+    return SlurmSettings(**values)
 
 
 @dataclass
