@@ -22,7 +22,8 @@ ARRAY_LOGS = "slurm-logs"  # what an array task prints before its own log opens
 
 
 def render_array_script(tasks: list[Task], folder: Path, settings: SlurmSettings, workdir: Path) -> str:
-    """The sbatch script running `tasks` as array tasks 0..len-1, each its own command line."""
+    """The sbatch script running `tasks` as array tasks 0..len-1, each its own command line (one
+    Slurm task each: --ntasks=1, which --gpus-per-task also needs)."""
     folder = folder.resolve()
     limit = f"%{settings.max_parallel}" if settings.max_parallel else ""
     commands = "\n".join(f"    {index}) COMMAND=({shlex.join(task.command)}) ;;" for index, task in enumerate(tasks))
@@ -34,6 +35,7 @@ def render_array_script(tasks: list[Task], folder: Path, settings: SlurmSettings
 # rerunning that command resubmits only unfinished tasks. By hand: sbatch {shlex.quote(str(folder / SCRIPT))}
 #SBATCH --job-name=meds-{folder.name}
 #SBATCH --array=0-{len(tasks) - 1}{limit}
+#SBATCH --ntasks=1
 #SBATCH --output={folder / ARRAY_LOGS}/%A_%a.out
 #SBATCH --open-mode=append
 {chr(10).join(sbatch_lines(settings))}
