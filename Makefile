@@ -1,5 +1,5 @@
 # The two commands of the README: `make train` (the embedded demo run) and `make test`.
-.PHONY: setup setup-vllm train test test-slow test-kernels test-vllm
+.PHONY: setup setup-vllm train test test-slow test-kernels test-vllm test-slurm
 
 setup:
 	bash scripts/setup.sh
@@ -47,3 +47,8 @@ test-vllm: setup-vllm
 GPU_PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 gpu-check:
 	@$(GPU_PYTHON) scripts/gpu_check_all.py
+
+# The tests against a real Slurm cluster (marked slurm; the default suite leaves them out): start
+# a one-node one here first with `sudo bash scripts/slurm_local.sh start` (stop: ... stop).
+test-slurm: setup
+	.venv/bin/python -m pytest -q -m slurm

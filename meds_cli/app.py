@@ -52,10 +52,11 @@ def _one_line_errors(command, doing: str, then: str = ""):
     return run_command
 
 
-def command(name: str, *, doing: str, then: str = ""):
+def command(name: str, *, doing: str, then: str = "", hidden: bool = False):
     """Register a `meds` command; every command goes through _one_line_errors. `then`: how to
-    continue after a storage failure, for commands that can."""
-    return lambda function: app.command(name)(_one_line_errors(function, doing, then))
+    continue after a storage failure, for commands that can; `hidden`: left out of --help (a
+    command launchers run, not people)."""
+    return lambda function: app.command(name, hidden=hidden)(_one_line_errors(function, doing, then))
 
 
 def _version(value: bool):
@@ -96,6 +97,23 @@ def train(
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Print the resolved config, the run folder, the model's size, the sampling shape and tokens "
                           "per step; load nothing, create nothing.")] = False,
+    launcher: Annotated[str, typer.Option(
+        help="local (this machine) or slurm (write and submit an sbatch script for --nodes N).")] = "local",
+    nodes: Annotated[int, typer.Option(help="slurm: nodes of the run.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="slurm: GPUs of each node, one process each.")] = 0,
+    processes_per_node: Annotated[Optional[int], typer.Option(
+        help="slurm, on CPUs: processes of each node (default 1).")] = None,
+    slurm_partition: Annotated[Optional[str], typer.Option(help="slurm: the partition.")] = None,
+    slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit (e.g. 1-00:00:00).")] = None,
+    slurm_cpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: CPUs of each node's task.")] = None,
+    slurm_mem: Annotated[Optional[str], typer.Option(help="slurm: memory of each node (e.g. 400G).")] = None,
+    slurm_account: Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")] = None,
+    slurm_extra: Annotated[Optional[list[str]], typer.Option(
+        help="slurm: any other sbatch option as KEY=VALUE; repeatable.")] = None,
+    requeue: Annotated[bool, typer.Option(
+        help="slurm: let Slurm requeue the job; it resumes from the last checkpoint.")] = False,
+    launched: Annotated[bool, typer.Option(
+        "--launched", hidden=True, help="The run folder was made by --launcher slurm (its script runs this).")] = False,
 ):
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
     from meds_cli.commands.train import dry_run as show_plan
@@ -103,11 +121,33 @@ def train(
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
+    if launcher not in ("local", "slurm"):
+        raise UserError(f"--launcher '{launcher}' is not a launcher; accepted: local, slurm")
+    from meds_cli.engine.launchers.slurm_settings import SlurmSettings
+
+    settings = SlurmSettings(partition=slurm_partition, time=slurm_time, cpus_per_task=slurm_cpus_per_task,
+                             mem=slurm_mem, account=slurm_account, extra=list(slurm_extra or []), requeue=requeue)
+    if launcher == "slurm":
+        from meds_cli.commands.train_slurm import submit_training
+
+        if resume is not None:
+            raise UserError("--launcher slurm starts a new run; resubmit a stopped one with sbatch RUN/train.sbatch "
+                            "(it resumes from the last checkpoint)")
+        submit_training(config or [], set_ or [], shortcuts, nodes=nodes, gpus_per_node=gpus_per_node,
+                        processes_per_node=processes_per_node, settings=settings, dry_run=dry_run,
+                        console=Console(stderr=True, soft_wrap=True))
+        return
     if dry_run:
         console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
         show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
         return
-    code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet)
+    if (nodes, gpus_per_node, processes_per_node) != (1, 0, None) or settings != SlurmSettings():
+        raise UserError("--nodes, --gpus-per-node, --processes-per-node, --requeue and the --slurm-* options need "
+                        "--launcher slurm; on this machine, start several processes with accelerate launch")
+    from meds_cli.commands.train_slurm import PREPARED
+
+    code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet,
+                        prepared=PREPARED if launched else ())
     raise typer.Exit(code)
 
 
@@ -233,25 +273,74 @@ def ablate(
         "--estimate",
         help="With --dry-run: then time one training step of the base config and estimate the total.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    launcher: Annotated[str, typer.Option(
+        help="Where the tasks (variant x seed) run: local (this machine) or slurm (one job array).")] = "local",
+    jobs: Annotated[Optional[int], typer.Option(
+        help="local: run N tasks at once as processes (one GPU each where there are GPUs); "
+             "default: one after another in this process.")] = None,
+    slurm_partition: Annotated[Optional[str], typer.Option(
+        help="slurm: the partition (default: the cluster's).")] = None,
+    slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit of a task (e.g. 4:00:00, 1-12).")] = None,
+    slurm_gpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: GPUs of a task.")] = None,
+    slurm_cpus_per_task: Annotated[Optional[int], typer.Option(
+        help="slurm: CPUs of a task (its torch threads).")] = None,
+    slurm_mem: Annotated[Optional[str], typer.Option(help="slurm: memory of a task (e.g. 64G).")] = None,
+    slurm_account: Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")] = None,
+    slurm_max_parallel: Annotated[Optional[int], typer.Option(
+        help="slurm: at most N tasks running at once (the array's %N).")] = None,
+    slurm_extra: Annotated[Optional[list[str]], typer.Option(
+        help="slurm: any other sbatch option as KEY=VALUE (qos=high); repeatable.")] = None,
+    requeue: Annotated[bool, typer.Option(
+        help="slurm: let Slurm requeue a preempted task; it resumes from its last checkpoint.")] = False,
+    no_wait: Annotated[bool, typer.Option(
+        "--no-wait", help="slurm: submit and return; `meds ablate --collect DIR` writes the report later.")] = False,
+    collect: Annotated[Optional[Path], typer.Option(
+        help="Write the report of an ablation folder from whatever has finished (naming what has not), and stop.")
+    ] = None,
 ):
     """Ablations in one command: algorithms side by side (--algos) or MEDS's settings (--features, --clusterer,
     --layers); train and evaluate each variant, then compare them with the baseline in a table, verdicts and plots."""
     from benchmarks.harness import EvalSettings
+    from meds_cli.commands.ablate import collect_report, make_plan, run_ablation
     from meds_cli.commands.ablate import dry_run as show_plan
-    from meds_cli.commands.ablate import make_plan, run_ablation
+    from meds_cli.commands.ablate_launch import LaunchOptions, show_script, with_grid_settings
     from meds_cli.commands.eval import HELDOUT
+    from meds_cli.engine.launchers.slurm_settings import SlurmSettings
 
+    if collect is not None:
+        collect_report(collect, err)
+        return
+    launch = LaunchOptions(launcher, jobs, SlurmSettings(
+        partition=slurm_partition, time=slurm_time, gpus_per_task=slurm_gpus_per_task,
+        cpus_per_task=slurm_cpus_per_task, mem=slurm_mem, account=slurm_account, max_parallel=slurm_max_parallel,
+        extra=list(slurm_extra or []), requeue=requeue), wait=not no_wait)
+    launch = with_grid_settings(launch, grid)
+    launch.check(cluster=False)  # the forms of the settings; the cluster is asked before submitting
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                      layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output, algos=algos,
                      baseline_name=baseline)
     if dry_run:
         show_plan(plan, err, probe=estimate)
+        if launcher == "slurm":
+            show_script(plan, launch.slurm)
         return
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     # each variant is evaluated at its own response length, with the prompt style it trained with
     settings = EvalSettings(names, k=k, n=n, limit=limit, data_dir=str(data_dir) if data_dir else None,
                             temperature=temperature, prompt="auto", backend="hf" if names == [HELDOUT] else "auto")
-    run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv)
+    summary = run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv, launch=launch)
+    failed = [name for name, item in summary.get("unfinished", {}).items() if item["state"] == "failed"]
+    if failed:
+        fail(f"{len(failed)} tasks failed ({', '.join(failed)}); the report compares the others. Fix the cause and "
+             f"rerun the same command with --output {plan.folder}: it reruns only the unfinished tasks", code=1)
+
+
+@command("ablate-task", doing="write the task folder", hidden=True)
+def ablate_task(folder: Annotated[Path, typer.Argument(help="A task folder of an ablation.")]):
+    """One task of `meds ablate` (a launcher runs it): train, then evaluate, in its folder."""
+    from meds_cli.commands.ablate_task import run_task
+
+    run_task(folder, err, quiet=True, argv=sys.argv)
 
 
 command("export", doing="write the export")(export_command)

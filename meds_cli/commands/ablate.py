@@ -23,6 +23,7 @@ Grid file:
     seeds: [0, 1]                     # optional; every variant once per seed
     baseline: true                    # optional (default true); with algos: the baseline's name
     algos: [dapo, meds, passk]        # optional: algorithms / presets as variants (then no MEDS default)
+    slurm: {partition: gpu, time: "4:00:00", gpus-per-task: 1}   # optional: --launcher slurm's settings
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +39,11 @@ from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.engine.config import load_config, read_yaml
-from meds_cli.engine.run_folders import run_dir as runs
 
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos")
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
 
 
@@ -215,48 +214,61 @@ def claim_folder(plan: Plan) -> None:
     replace_text(path, json.dumps(state, indent=2) + "\n")  # a full disk never leaves half of it
 
 
-def train_variant(plan: Plan, variant: Variant, console, quiet: bool, argv) -> None:
-    """Train to plan.steps: fresh, resumed from the last checkpoint, or not at all when done."""
-    from meds_cli.commands.train import run_training
+def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None) -> dict:
+    """Train and evaluate every variant not finished yet, where `launch` says (this process by
+    default; N processes; a Slurm job array), then write the report from the task folders."""
+    from meds_cli.commands.ablate_eval import results_path, variant_settings
+    from meds_cli.commands.ablate_launch import LaunchOptions, make_launcher, report, wait_with_progress
+    from meds_cli.commands.ablate_task import clear_error, make_task, run_task, write_tasks
 
-    run_dir = plan.folder / variant.name
-    done = runs.list_checkpoints(run_dir)
-    if done and done[-1] >= plan.steps:
-        return
-    if done:
-        console.print(f"[bold]{variant.name}[/]: resuming from step {done[-1]}")
-        code = run_training([], [], {}, resume=run_dir, argv=argv, quiet=quiet)
-    else:
-        if run_dir.exists():  # stopped before its first checkpoint: nothing to resume
-            shutil.rmtree(run_dir)
-        sets = plan.base_sets + variant_sets(variant) + [f"train.output_dir={json.dumps(str(run_dir))}"]
-        code = run_training(plan.config_files, sets, {}, argv=argv, quiet=quiet)
-    if code != 0:
-        raise KeyboardInterrupt
-
-
-def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=()) -> dict:
-    """Train and evaluate every variant not finished yet, then write the report."""
-    from meds_cli.commands.ablate_eval import evaluate_variant, results_path, variant_settings
-    from meds_cli.commands.ablate_report import write_report
-
+    launch = launch or LaunchOptions()
     variant_settings(eval_settings, 1)  # a bad --k / --benchmarks fails before the first variant trains
+    launch.check()  # a bad launcher setting too, before anything is written or submitted
     claim_folder(plan)
+    write_tasks(plan, eval_settings, variant_sets)
     console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
+    pending, headers = [], {}
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
         if results_path(run_dir, eval_settings, plan.steps).is_file():
             console.print(f"[{i}/{len(plan.variants)}] {variant.name}: finished, skipped")
             continue
-        console.print(f"[{i}/{len(plan.variants)}] [bold]{variant.name}[/]: {', '.join(variant_sets(variant))}")
-        try:
-            train_variant(plan, variant, console, quiet, list(argv))
-        except KeyboardInterrupt:
-            console.print(f"[yellow]stopped[/] in {variant.name}; "
-                          f"run the same command with --output {plan.folder} to continue")
-            raise
-        evaluate_variant(run_dir, eval_settings, console)
-    return write_report(plan.folder, plan.variants, eval_settings, console)
+        clear_error(run_dir)
+        pending.append(make_task(run_dir))
+        headers[variant.name] = (f"[{i}/{len(plan.variants)}] [bold]{variant.name}[/]: "
+                                 f"{', '.join(variant_sets(variant))}")
+
+    def run_here(task):
+        console.print(headers[task.name])
+        run_task(task.folder, console, quiet=quiet, argv=argv)
+
+    launcher = make_launcher(launch, plan.folder, run_here)
+    try:
+        if pending:
+            console.print(launcher.submit(pending), highlight=False, soft_wrap=True)
+        if not launch.wait:
+            console.print(f"not waiting; the report, once they end (or now, of what has ended): "
+                          f"meds ablate --collect {plan.folder}", highlight=False, soft_wrap=True)
+            return {"folder": str(plan.folder), "submitted": [t.name for t in pending]}
+        wait_with_progress(launcher, console, quiet)
+    except KeyboardInterrupt:
+        getattr(launcher, "stop", lambda: None)()
+        console.print(f"[yellow]stopped[/]; run the same command with --output {plan.folder} to continue")
+        raise
+    return report(plan.folder, plan.variants, eval_settings, console)
+
+
+def collect_report(folder: Path, console) -> dict:
+    """`meds ablate --collect DIR`: the report of whatever has finished, naming what has not."""
+    import dataclasses
+
+    from meds_cli.commands.ablate_launch import report, slurm_activity
+    from meds_cli.commands.ablate_task import eval_settings_of, read_tasks
+
+    record = read_tasks(folder)
+    names = {f.name for f in dataclasses.fields(Variant)}
+    variants = [Variant(**{k: v for k, v in item.items() if k in names}) for item in record["variants"]]
+    return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)))
 
 
 # ---------------------------------------------------------------- dry run

@@ -249,9 +249,27 @@ def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
 
 
 
-def write_report(folder: Path, variants, eval_settings, console) -> dict:
+def unfinished_lines(unfinished: dict[str, dict]) -> list[str]:
+    """One line per task that did not finish: its state and the last line of its error or log."""
+    return [f"{name}: {item['state']}" + (f": {item['last_line']}" if item.get("last_line") else "")
+            for name, item in unfinished.items()]
+
+
+def write_report(folder: Path, variants, eval_settings, console, unfinished: dict[str, dict] | None = None) -> dict:
+    """The report of the finished `variants`; `unfinished` {name: {state, last_line}} names the
+    tasks that failed or have not finished (summary.md, summary.json and the terminal)."""
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.engine.config import load_config
+
+    unfinished = unfinished or {}
+    missing = unfinished_lines(unfinished)
+    if missing:
+        console.print(f"[yellow]{len(missing)} of {len(variants) + len(missing)} tasks not finished[/]:")
+        for line in missing:
+            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    if not variants:
+        console.print("no task has finished yet: no report")
+        return {"folder": str(folder), "rows": [], "unfinished": unfinished}
 
     results, paths = {}, {}
     for v in variants:
@@ -267,12 +285,15 @@ def write_report(folder: Path, variants, eval_settings, console) -> dict:
                                        "entropy, clusters and eigen ratio: mean of the last quarter of the steps; "
                                        "clusters, eigen ratio, ARI (clusters vs final answers in the memory): MEDS "
                                        "only.\n" +
-                                       (f"\n{paired_markdown(comparisons)}" if comparisons else ""))
+                                       (f"\n{paired_markdown(comparisons)}" if comparisons else "") +
+                                       ("\n## Not finished\n\n" + "".join(f"- {line}\n" for line in missing)
+                                        if missing else ""))
     write_csv(rows, folder / "summary.csv")
     summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons,
                "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
                "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides}
-                            for v in variants]}
+                            for v in variants],
+               "unfinished": unfinished}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if comparisons:
         write_paired(comparisons, folder)

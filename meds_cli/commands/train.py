@@ -161,7 +161,10 @@ def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, conso
     return {"run_dir": str(plan.run_dir), "lines": lines}
 
 
-def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, argv=(), quiet=False) -> int:
+def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, argv=(), quiet=False,
+                 prepared: tuple[str, ...] = ()) -> int:
+    """Train; `prepared`: file patterns a launcher put in the new run folder before the run (they
+    do not make it a used folder)."""
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
@@ -181,7 +184,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
         if main and plan.resuming:
             lock.acquire()
         elif main:
-            runs.claim_run_dir(run_dir, lock)
+            runs.claim_run_dir(run_dir, lock, prepared)
         accelerator.wait_for_everyone()
         code = _train(plan, step, accelerator, console, argv, quiet)
         close_process_group(accelerator)

@@ -12,6 +12,8 @@ Four rooms, each a subpackage with one job, and three modules at the top that jo
   config.py     the run config (reads the rooms' constants to check values)
   trainer.py    the training loop: rollout -> rewards -> update -> run folder
   export.py     a run folder -> a model folder (merged, adapter or full weights)
+  launchers/    where the tasks of a grid run: in this process, N processes, a Slurm job array
+                (imports only the core; the command line drives it)
 
 Direction (tests/test_layers.py): model_io imports no room; training imports model_io;
 rollout imports model_io and run_folders; run_folders imports training (collectives for

@@ -13,6 +13,7 @@ A checkpoint is written under a temporary name and renamed, so a kill never leav
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import platform
 import subprocess
@@ -57,9 +58,11 @@ def check_output_path(path: Path) -> None:
             raise UserError(f"--output '{path}' cannot be made: '{place}' is a file, not a folder")
 
 
-def claim_run_dir(path: Path, lock: RunLock | None = None) -> Path:
+def claim_run_dir(path: Path, lock: RunLock | None = None, prepared: tuple[str, ...] = ()) -> Path:
     """Create the run folder and take its lock; refuse one that already holds a run (nothing is
-    overwritten) or that another process holds. The lock file itself does not count as content."""
+    overwritten) or that another process holds. The lock file itself does not count as content,
+    nor do the files matching a `prepared` pattern: what a launcher put there before the run
+    (a grid task's config.yaml and its log)."""
     check_output_path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,8 @@ def claim_run_dir(path: Path, lock: RunLock | None = None) -> Path:
             lock.acquire()
     except OSError as error:
         raise os_error(error, f"create the run folder '{path}'") from None
-    if any(p.name != LOCK_NAME for p in path.iterdir()):
+    if any(p.name != LOCK_NAME and not any(fnmatch.fnmatch(p.name, pattern) for pattern in prepared)
+           for p in path.iterdir()):
         if lock is not None:
             lock.release()
         raise UserError(f"run folder '{path}' already holds files; continue it with --resume {path} "

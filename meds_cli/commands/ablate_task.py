@@ -1,0 +1,122 @@
+"""One task of a grid, wherever a launcher runs it: its folder, its command, its outcome.
+
+Before anything runs, the grid's folder gets tasks.json (the variants, steps and eval settings)
+and every task folder the fully resolved config.yaml of its variant; a task then needs nothing
+but its folder: `meds ablate-task <grid>/<variant>` trains it (fresh from that config.yaml, or
+resumed from its last checkpoint, as `meds train --resume` does, e.g. after a Slurm requeue) and
+evaluates it. A task that fails writes the last line of its error to task_error.txt; the report
+names it with that line (or, for a task killed from outside, the last line of its log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.harness import EvalSettings
+from meds_cli.core.errors import UserError
+from meds_cli.core.files import replace_text
+from meds_cli.engine.config import dump_yaml, load_config
+from meds_cli.engine.launchers.tasks import Task
+from meds_cli.engine.run_folders import run_dir as runs
+
+TASKS_FILE = "tasks.json"
+ERROR_FILE = "task_error.txt"
+LOGS = ("slurm-*.out", "task.log")
+PREPARED = ("config.yaml", ERROR_FILE, *LOGS)  # what a task folder holds before its run starts
+DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
+
+
+def task_command(folder: Path) -> list[str]:
+    """The process that runs one task: this Python, this meds."""
+    return [sys.executable, "-m", "meds_cli", "ablate-task", str(Path(folder).resolve())]
+
+
+def write_tasks(plan, eval_settings: EvalSettings, variant_sets) -> None:
+    """tasks.json, and the resolved config of every task not started yet (a started one keeps its
+    own); variant_sets(variant): the variant's overrides as --set strings."""
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
+
+    record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings),
+              "variants": [dataclasses.asdict(v) for v in plan.variants]}
+    replace_text(plan.folder / TASKS_FILE, json.dumps(record, indent=2) + "\n")
+    for variant in plan.variants:
+        config = plan.folder / variant.name / "config.yaml"
+        if config.is_file():
+            continue
+        cfg = load_config(plan.config_files, plan.base_sets + variant_sets(variant))
+        config.parent.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, config, sections=build_algorithm(cfg).config_sections)
+
+
+def read_tasks(folder: Path) -> dict:
+    path = Path(folder) / TASKS_FILE
+    if not path.is_file():
+        raise UserError(f"'{folder}' is not an ablation folder (no {TASKS_FILE} in it); give the folder "
+                        "`meds ablate` printed")
+    return json.loads(path.read_text())
+
+
+def eval_settings_of(record: dict) -> EvalSettings:
+    return EvalSettings(**record["eval"])
+
+
+def make_task(folder: Path) -> Task:
+    return Task(folder.name, folder, task_command(folder))
+
+
+def clear_error(folder: Path) -> None:
+    (Path(folder) / ERROR_FILE).unlink(missing_ok=True)
+
+
+def last_line(text: str) -> str | None:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def task_outcome(folder: Path, results_file: Path) -> tuple[str, str | None]:
+    """DONE; FAILED with the last line of its error; or UNFINISHED with the last line of its
+    newest log (None when it never started)."""
+    if results_file.is_file():
+        return DONE, None
+    error = folder / ERROR_FILE
+    if error.is_file():
+        return FAILED, last_line(error.read_text(errors="replace"))
+    logs = sorted((p for pattern in LOGS for p in folder.glob(pattern)), key=lambda p: p.stat().st_mtime)
+    return UNFINISHED, last_line(logs[-1].read_text(errors="replace")) if logs else None
+
+
+def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
+    """Train to `steps`: fresh from the folder's config.yaml, resumed, or not at all when done."""
+    from meds_cli.commands.train import run_training
+
+    done = runs.list_checkpoints(folder)
+    if done and done[-1] >= steps:
+        return
+    if done or (folder / "command.txt").is_file():  # started before: resume (a run with no checkpoint restarts)
+        if done:
+            console.print(f"[bold]{folder.name}[/]: resuming from step {done[-1]}")
+        code = run_training([], [], {}, resume=folder, argv=argv, quiet=quiet)
+    else:
+        code = run_training([str(folder / "config.yaml")], [f"train.output_dir={json.dumps(str(folder))}"], {},
+                            argv=argv, quiet=quiet, prepared=PREPARED)
+    if code != 0:
+        raise KeyboardInterrupt
+
+
+def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
+    """Train and evaluate one task; an error leaves its last line in the folder, then goes on up."""
+    from meds_cli.commands.ablate_eval import evaluate_variant
+
+    folder = Path(folder)
+    record = read_tasks(folder.parent)
+    clear_error(folder)
+    try:
+        train_task(folder, record["steps"], console, quiet, list(argv))
+        evaluate_variant(folder, eval_settings_of(record), console)
+    except Exception as error:
+        text = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+        replace_text(folder / ERROR_FILE, (last_line(text) or type(error).__name__) + "\n")
+        raise

@@ -1,0 +1,65 @@
+"""`meds train --launcher slurm`: one run over --nodes N nodes, submitted as the sbatch script of
+meds_cli/engine/launchers/slurm_train.py. The run folder is made here, on the shared path, with
+the resolved config.yaml and train.sbatch in it; the job trains from them (every node starts
+`accelerate launch`), and a requeued job resumes from the last checkpoint. Bad settings are one
+line before anything is created or submitted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from meds_cli.core.errors import UserError
+from meds_cli.engine.config import dump_yaml
+from meds_cli.engine.launchers.slurm_settings import SlurmSettings, check_before_submit, check_settings, sbatch_submit
+from meds_cli.engine.launchers.slurm_train import SCRIPT, render_train_script
+from meds_cli.engine.run_folders import run_dir as runs
+
+PREPARED = ("config.yaml", SCRIPT, "slurm-*.out")  # what the run folder holds before the job starts training
+
+
+def processes_of(nodes: int, gpus_per_node: int, processes_per_node: int | None) -> int:
+    """Processes a node runs: one per GPU, or --processes-per-node on CPUs (default 1)."""
+    if nodes < 1:
+        raise UserError(f"--nodes {nodes}: give 1 or more")
+    if gpus_per_node < 0:
+        raise UserError(f"--gpus-per-node {gpus_per_node}: give 0 (CPUs) or more")
+    if processes_per_node is not None and processes_per_node < 1:
+        raise UserError(f"--processes-per-node {processes_per_node}: give 1 or more")
+    if gpus_per_node and processes_per_node not in (None, gpus_per_node):
+        raise UserError(f"--processes-per-node {processes_per_node} with --gpus-per-node {gpus_per_node}: a node "
+                        "runs one process per GPU; --processes-per-node is for CPU runs")
+    return gpus_per_node or processes_per_node or 1
+
+
+def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_node: int,
+                    processes_per_node: int | None, settings: SlurmSettings, dry_run: bool, console) -> dict:
+    from meds_cli.commands.train import prepare_run, refuse_real_model_on_default_task, task_was_chosen
+    from meds_cli.engine.model_io.model import check_lora_rank, precheck_model
+    from meds_cli.engine.training.algorithm_setup import build_algorithm
+
+    per_node = processes_of(nodes, gpus_per_node, processes_per_node)
+    check_settings(settings)
+    if not dry_run:
+        check_before_submit(settings, gpus_per_node)
+    plan = prepare_run(config_files, overrides, shortcuts, None)
+    cfg, run_dir = plan.cfg, plan.run_dir.resolve()
+    check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
+    refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    sections = build_algorithm(cfg).config_sections
+    script = render_train_script(run_dir, nodes=nodes, gpus_per_node=gpus_per_node, processes_per_node=per_node,
+                                 settings=settings, python=sys.executable, workdir=Path.cwd())
+    if dry_run:
+        print(script, end="")
+        console.print(f"dry run: would create {run_dir} and submit the script above; nothing was created",
+                      highlight=False, soft_wrap=True)
+        return {"run_dir": str(run_dir), "script": script}
+    runs.claim_run_dir(run_dir)
+    cfg.train.output_dir = ""  # as the trainer writes it: the folder is where the file is
+    dump_yaml(cfg, run_dir / "config.yaml", sections=sections)
+    (run_dir / SCRIPT).write_text(script)
+    job = sbatch_submit(run_dir / SCRIPT)
+    console.print(f"submitted Slurm job {job}: {nodes} node(s) x {per_node} processes, run folder {run_dir}\n"
+                  f"follow it: squeue -j {job}; tail -f {run_dir}/slurm-{job}.out (sacct -j {job} where accounting "
+                  "is on)", highlight=False, soft_wrap=True)
+    return {"run_dir": str(run_dir), "job": job}
