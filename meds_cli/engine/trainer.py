@@ -166,6 +166,8 @@ class Trainer:
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
+        if not indices:  # entered the engine's call only
+            return batch
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
             self._score(batch, timing)
         algo = self.algorithm
@@ -210,10 +212,14 @@ class Trainer:
         while rounds < max(1, algo.generation_rounds()):
             indices = self.sampler.take(cfg.rollout.prompts_per_step)[self.rank::self.world]
             rounds += 1
-            # Under FSDP2 generation and scoring gather parameters collectively: every process
-            # takes part in every round, even one whose quota is full.
-            if kept < quota or self.sharded is not None:
-                part = self._sample(indices, timing)
+            # Every process takes part in every round, even one whose quota is full: the engine's
+            # call may be collective (vLLM's tensor-parallel pooling), so that process enters it
+            # with nothing to ask. Under FSDP2 it samples its share as well: the scoring pass
+            # gathers parameters collectively, forward by forward.
+            if kept >= quota and self.sharded is None:
+                indices = []
+            part = self._sample(indices, timing)
+            if part.size:
                 sampled.append(part)
                 part = part.select_groups(algo.keep_groups(part))
                 kept_parts.append(part)
@@ -305,12 +311,12 @@ class Trainer:
         correct = 0
         model = self.unwrapped
         model.eval()
-        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
-            if problems:
-                prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-                settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature,
-                                             top_p=1.0)
-                batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
+        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+        settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
+        # Every process, even one without problems (an empty list): the gather is collective under
+        # FSDP2, and so may the engine's call be (vLLM's tensor-parallel pooling).
+        with gathered_parameters(self.sharded):
+            batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
         total = global_sum(self.acc, len(problems))
