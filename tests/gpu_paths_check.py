@@ -138,7 +138,7 @@ def check_adapter(out: Path) -> dict:
 
     acc = Accelerator(cpu=True)
     model, sharded, adapter, _ = sharded_lora_model(acc)
-    engine = vllm_engine(model, out / "scratch" / f"rank-{acc.process_index}", [], "adapter")
+    engine = vllm_engine(model, out / "scratch", [], "adapter")
     settings = SamplingSettings(1.0, 1.0, 2, (99,))
     result = {}
     for where in ("outside", "inside"):
@@ -174,7 +174,7 @@ def check_peak(out: Path) -> dict:
     acc = Accelerator(cpu=True)
     model, _, _, sizes = sharded_lora_model(acc)
     events: list = []
-    engine = vllm_engine(model, out / "scratch" / f"rank-{acc.process_index}", events, "merged")
+    engine = vllm_engine(model, out / "scratch", events, "merged")
     alive: list[weakref.ref] = []
     peak = [0]
 

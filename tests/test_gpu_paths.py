@@ -39,3 +39,14 @@ def test_quick_eval_with_fewer_problems_than_processes_enters_the_engine_everywh
     # eval.problems=3 over 2 processes: 2 and 1
     assert first["3"]["requests"] == [2] and second["3"]["requests"] == [1]
     assert first["3"]["problems"] == second["3"]["problems"] == 3
+
+
+def test_fsdp2_lora_adapter_sync_writes_the_unsharded_adapter(tmp_path):
+    """The adapter the vLLM engine is pointed at equals the unsharded model's, bit for bit,
+    whether the push runs outside sampling (parameters sharded) or inside its gather."""
+    results = run_check("adapter", tmp_path)
+    for rank, result in enumerate(results):
+        for where in ("outside", "inside"):
+            assert result[where].get("equal"), (rank, where, result[where])
+    # one writer: every process serves the same folder
+    assert results[0]["outside"]["path"] == results[1]["outside"]["path"]

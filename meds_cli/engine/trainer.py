@@ -97,7 +97,7 @@ class Trainer:
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
         self.engine = make_engine(cfg, self.unwrapped, self.tokenizer,
-                                  scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
+                                  scratch_dir=self.run_dir / "scratch",  # shared: process 0 writes there
                                   processes=self.world, rank=self.rank)
         # What the algorithm reads besides the update's forward, asked once: the scoring pass is
         # planned from it, and lens values the engine records while sampling (MEDS's logit lens

@@ -5,8 +5,9 @@ Each process holds its own vLLM instance on its GPU (a share of the memory,
 the node, which then pool their prompts). The engine follows the policy:
   - after an optimizer step the trainer calls `policy_updated` (cheap); the next `generate`
     first brings the engine up to date, once, however many steps were taken:
-      * LoRA (`sync: adapter`): the adapter is saved to the run's scratch folder and used as a
-        new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
+      * LoRA (`sync: adapter`): the adapter's full tensors are gathered, process 0 saves them to
+        the run's scratch folder (shared by every process; the others wait) and each engine uses
+        it as a new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
       * full weights, or LoRA with `sync: merged`: the weights (adapter folded in) are loaded into
         the engine in place and its prefix cache is reset (cached keys of old weights are stale);
   - while the trainer updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
@@ -139,6 +140,34 @@ def tensor_parallel_gather(size: int) -> Callable:
     return gather
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value, detached: an FSDP2 shard (DTensor) is gathered from every
+    process (a collective: every process calls it), any other tensor is itself."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def adapter_weights(model) -> dict[str, torch.Tensor]:
+    """The LoRA weights as full CPU tensors, keyed as in model.state_dict(): the same whether the
+    model's parameters are FSDP2 shards or gathered for sampling. A collective under FSDP2."""
+    return {name: full_tensor(p).cpu() for name, p in model.named_parameters() if ".lora_" in name}
+
+
+def process_rank() -> int:
+    """This process's rank in the launcher's process group (0 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def wait_for_processes() -> None:
+    """A barrier over the launcher's process group, where there is one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of the policy as plain transformers weights: each LoRA adapter folded
     into its base weight, peft's wrapping removed from the names, sharded tensors gathered."""
@@ -151,9 +180,7 @@ def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     for name, param in inner.named_parameters():
         if ".lora_" in name:
             continue
-        tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: every process gets the whole weight
-            tensor = tensor.full_tensor()
+        tensor = full_tensor(param)
         if ".base_layer." in name:
             module_name, leaf = name.split(".base_layer.")
             layer = adapted[module_name]
@@ -297,18 +324,28 @@ class VLLMEngine:
 
     def _push(self) -> None:
         if self.push_adapter:
-            self.adapters_pushed += 1
-            number = self.adapters_pushed
-            folder = Path(self.scratch_dir) / f"adapter-{number}"
-            self.policy.save_pretrained(str(folder))
-            self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
-            stale_folder = Path(self.scratch_dir) / f"adapter-{number - 1}"
-            if stale_folder.is_dir():  # vLLM read it when it served that id; it is never asked for again
-                shutil.rmtree(stale_folder, ignore_errors=True)
+            self._push_adapter()
         else:
             self._load_weights(list(merged_weights(self.policy)))
             self.llm.reset_prefix_cache()
         self.engine_version = self.policy_version
+
+    def _push_adapter(self) -> None:
+        """Every process gathers the adapter's full tensors (under FSDP2 its weights are shards,
+        whether or not sampling gathered them), process 0 writes it into the scratch folder every
+        process shares, the others wait for the file, then every engine serves it (TRL and verl
+        write once too)."""
+        self.adapters_pushed += 1
+        number = self.adapters_pushed
+        folder = Path(self.scratch_dir) / f"adapter-{number}"
+        weights = adapter_weights(self.policy)
+        if process_rank() == 0:
+            self.policy.save_pretrained(str(folder), state_dict=weights)
+            stale_folder = Path(self.scratch_dir) / f"adapter-{number - 1}"
+            if stale_folder.is_dir():  # every engine served that id in its last generate; never asked for again
+                shutil.rmtree(stale_folder, ignore_errors=True)
+        wait_for_processes()
+        self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
 
     def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         rpc = getattr(self.llm, "collective_rpc", None)
