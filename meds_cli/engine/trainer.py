@@ -180,7 +180,10 @@ class Trainer:
         return batch
 
     def _score(self, batch: Rollouts, timing: dict) -> None:
-        """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching."""
+        """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching.
+        The engine is released first (vLLM sleeps): its KV cache would otherwise hold its share of
+        the GPU while the pass's forwards run."""
+        self.engine.release()
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()

@@ -10,7 +10,7 @@ the node, which then pool their prompts). The engine follows the policy:
         it as a new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
       * full weights, or LoRA with `sync: merged`: the weights (adapter folded in) are loaded into
         the engine in place and its prefix cache is reset (cached keys of old weights are stale);
-  - while the trainer updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
+  - while the trainer scores and updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
     weights to CPU, KV cache dropped; level 2: weights dropped too, only with a full-weight push,
     which wakes the weights first, loads, then wakes the KV cache);
   - prompts go in as token ids (TokensPrompt: no second BOS), one request per sample with its own
@@ -115,6 +115,14 @@ def refusal_text(err: ValueError) -> str:
             pass
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+def free_cuda_cache() -> None:
+    """Hand PyTorch's cached, unused CUDA blocks back to the driver (verl and TRL do so around
+    vLLM's sleep and wake-up: memory the trainer freed otherwise stays in PyTorch's cache, out of
+    vLLM's reach). Nothing without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def say_on_stderr(text: str) -> None:
@@ -292,6 +300,7 @@ class VLLMEngine:
     def release(self) -> None:
         if self.options.sleep_level and not self.asleep:
             self.llm.sleep(level=self.options.sleep_level)
+            free_cuda_cache()
             self.asleep = True
             self.weights_dropped = self.options.sleep_level == 2
 
@@ -311,6 +320,7 @@ class VLLMEngine:
             if stale:
                 self._push()
             return
+        free_cuda_cache()  # the training's freed activations, still in PyTorch's cache, back for vLLM
         if stale and not self.push_adapter and self.weights_dropped:
             # Level 2: wake the weights alone, load them, then wake the KV cache (a lower peak).
             self.llm.wake_up(tags=["weights"])
