@@ -111,11 +111,15 @@ def sharded_lora_model(acc):
     from peft import get_peft_model_state_dict
 
     adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-    layer_bytes = {type(m).__name__: sum(p.numel() * p.element_size() for p in m.parameters())
-                   for m in sharding.decoder_layers(model)}
-    embed = sharding.causal_lm(model).get_input_embeddings().weight
-    sizes = {"model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-             "layer_bytes": max(layer_bytes.values()), "embedding_bytes": embed.numel() * embed.element_size()}
+    def size(params) -> int:
+        return sum(p.numel() * p.element_size() for p in params)
+
+    layers = sharding.decoder_layers(model)
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    # the root unit: embeddings, final norm and output head (one tensor when tied)
+    sizes = {"model_bytes": size(model.parameters()), "layer_bytes": max(size(m.parameters()) for m in layers),
+             "root_bytes": size(p for p in model.parameters() if id(p) not in in_layers),
+             "largest_weight_bytes": max(size([p]) for p in model.parameters())}
     sharded = sharding.shard_model(model, sharding.device_mesh(acc))
     return model, sharded, adapter, sizes
 
@@ -170,9 +174,10 @@ def check_peak(out: Path) -> dict:
     from torch.distributed.tensor import DTensor
 
     from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
+    from meds_cli.engine.training.sharding import gathered_parameters
 
     acc = Accelerator(cpu=True)
-    model, _, _, sizes = sharded_lora_model(acc)
+    model, sharded, _, sizes = sharded_lora_model(acc)
     events: list = []
     engine = vllm_engine(model, out / "scratch", events, "merged")
     alive: list[weakref.ref] = []
@@ -189,21 +194,32 @@ def check_peak(out: Path) -> dict:
                 total += t.untyped_storage().nbytes()
         return total
 
-    def measuring_load(self, weights):
+    def measuring_load(weights):
         count = 0
         for _, tensor in weights:
             alive.append(weakref.ref(tensor))
             peak[0] = max(peak[0], held())
             count += 1
             del tensor
-        self.events.append(("load_weights", count))
+        events.append(("load_weights", count))
 
-    llm = engine.llm
-    llm._load = measuring_load.__get__(llm)
-    engine.generate([SampleRequest((1, 2), (3,))], SamplingSettings(1.0, 1.0, 2, (99,)))
+    engine.llm.worker.model_runner.get_model().load_weights = measuring_load
+    request, settings = [SampleRequest((1, 2), (3,))], SamplingSettings(1.0, 1.0, 2, (99,))
+    result = dict(sizes)
+    try:
+        engine.generate(request, settings)  # the push as the trainer makes it now: parameters sharded
+        result["peak_unsharded_bytes"] = peak[0]
+    except RuntimeError as err:  # reported by the test
+        result["error"] = f"{type(err).__name__}: {err}"[:300]
+    # For comparison (not a bound): the push inside sampling's gather, where the trainer used to make it.
+    peak[0] = 0
+    engine.policy_updated()
+    with gathered_parameters(sharded):
+        engine.generate(request, settings)
+    result["peak_inside_gather_bytes"] = peak[0]
     loads = [e for e in events if e[0] == "load_weights"]
     close_process_group(acc)
-    return {"peak_unsharded_bytes": peak[0], **sizes, "tensors_loaded": sum(n for _, n in loads)}
+    return {**result, "tensors_loaded": sum(n for _, n in loads)}
 
 
 MODES = {"collect": check_collect, "eval": check_eval, "adapter": check_adapter, "peak": check_peak}

@@ -50,3 +50,19 @@ def test_fsdp2_lora_adapter_sync_writes_the_unsharded_adapter(tmp_path):
             assert result[where].get("equal"), (rank, where, result[where])
     # one writer: every process serves the same folder
     assert results[0]["outside"]["path"] == results[1]["outside"]["path"]
+
+
+def test_fsdp2_merged_weight_push_holds_one_unit_unsharded_at_a_time(tmp_path):
+    """The merged push gathers, merges, casts and hands over one FSDP2 unit at a time: what is
+    held unsharded at once is one unit (a decoder layer, or the root: embeddings, norm, head) and
+    the merged copy of the one weight being handed over, not the model. Prints the numbers
+    (docs/gpu-paths-notes.md quotes them)."""
+    results = run_check("peak", tmp_path)
+    for result in results:
+        print(f"peak unsharded {result.get('peak_unsharded_bytes')} B (inside sampling's gather: "
+              f"{result['peak_inside_gather_bytes']} B) of a {result['model_bytes']} B model "
+              f"(one layer {result['layer_bytes']} B, root {result['root_bytes']} B)")
+        assert "error" not in result, result["error"]
+        assert result["tensors_loaded"] > 0
+        one_unit = max(result["layer_bytes"], result["root_bytes"]) + result["largest_weight_bytes"]
+        assert result["peak_unsharded_bytes"] <= one_unit < result["model_bytes"] / 2, result

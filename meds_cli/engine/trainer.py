@@ -161,7 +161,7 @@ class Trainer:
         # Under the update's autocast, as the scoring pass: the lens values the decode loop records
         # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
         # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
-        with gathered_parameters(self.sharded), self.acc.autocast():
+        with self._gathered_for_engine(), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
@@ -178,6 +178,13 @@ class Trainer:
         batch.reward_components = add_channels(algo.reward_components(batch), own)
         batch.rewards = sum(batch.reward_components.values())
         return batch
+
+    def _gathered_for_engine(self):
+        """Under FSDP2, the whole policy gathered for an engine that samples from the training model
+        itself (hf: many forwards without collectives in between); an engine with its own copy
+        (vLLM) is sent the weights one unit at a time instead, so nothing is gathered for it."""
+        reads_policy = getattr(self.engine, "reads_policy_weights", True)
+        return gathered_parameters(self.sharded if reads_policy else None)
 
     def _score(self, batch: Rollouts, timing: dict) -> None:
         """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching.
@@ -318,7 +325,7 @@ class Trainer:
         settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
         # Every process, even one without problems (an empty list): the gather is collective under
         # FSDP2, and so may the engine's call be (vLLM's tensor-parallel pooling).
-        with gathered_parameters(self.sharded):
+        with self._gathered_for_engine():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))

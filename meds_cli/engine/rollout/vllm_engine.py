@@ -35,13 +35,20 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.weight_sync import (
+    adapter_weights,
+    merged_weights,
+    process_rank,
+    torch_dtype,
+    wait_for_processes,
+)
 
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses a higher temperature
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
@@ -148,61 +155,9 @@ def tensor_parallel_gather(size: int) -> Callable:
     return gather
 
 
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A parameter's whole value, detached: an FSDP2 shard (DTensor) is gathered from every
-    process (a collective: every process calls it), any other tensor is itself."""
-    tensor = tensor.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def adapter_weights(model) -> dict[str, torch.Tensor]:
-    """The LoRA weights as full CPU tensors, keyed as in model.state_dict(): the same whether the
-    model's parameters are FSDP2 shards or gathered for sampling. A collective under FSDP2."""
-    return {name: full_tensor(p).cpu() for name, p in model.named_parameters() if ".lora_" in name}
-
-
-def process_rank() -> int:
-    """This process's rank in the launcher's process group (0 without one)."""
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def wait_for_processes() -> None:
-    """A barrier over the launcher's process group, where there is one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of the policy as plain transformers weights: each LoRA adapter folded
-    into its base weight, peft's wrapping removed from the names, sharded tensors gathered."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:
-        LoraLayer = ()  # noqa: N806 - no peft, no adapters
-    adapted = {name: m for name, m in inner.named_modules() if LoraLayer and isinstance(m, LoraLayer)}
-    for name, param in inner.named_parameters():
-        if ".lora_" in name:
-            continue
-        tensor = full_tensor(param)
-        if ".base_layer." in name:
-            module_name, leaf = name.split(".base_layer.")
-            layer = adapted[module_name]
-            name = f"{module_name}.{leaf}"
-            if leaf == "weight" and not layer.merged and not layer.disable_adapters:
-                tensor = tensor.clone()
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        tensor += layer.get_delta_weight(adapter).to(tensor.dtype)
-        yield name, tensor
-
-
 def _load_into_worker(worker, weights):
-    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model.
+    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs (any iterable, read
+    once) into its model.
     vLLM 0.32's workers reload in place (`reload_weights`), which also works where loading turned
     the parameters into kernel formats that a second `load_weights` cannot read (its CPU build);
     older workers take the weights through the model's own `load_weights`."""
@@ -246,6 +201,9 @@ class VLLMEngine:
 
     name = "vllm"
     records_lens = False  # vLLM exposes no hidden states: MEDS reads its features from the scoring pass
+    # It samples from its own copy, sent unit by unit (weight_sync.py): the trainer does not gather
+    # a sharded policy for it.
+    reads_policy_weights = False
 
     def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
                  adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
@@ -336,7 +294,8 @@ class VLLMEngine:
         if self.push_adapter:
             self._push_adapter()
         else:
-            self._load_weights(list(merged_weights(self.policy)))
+            # One FSDP2 unit at a time, cast to vLLM's dtype: never the whole model at once (weight_sync.py).
+            self._load_weights(merged_weights(self.policy, torch_dtype(self.options.dtype)))
             self.llm.reset_prefix_cache()
         self.engine_version = self.policy_version
 
@@ -357,7 +316,9 @@ class VLLMEngine:
         wait_for_processes()
         self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
 
-    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hand (name, tensor) pairs to vLLM's workers as they come: colocated, the workers run in
+        this process, so an iterator is read in place and each tensor freed once loaded."""
         rpc = getattr(self.llm, "collective_rpc", None)
         if rpc is not None:
             rpc(_load_into_worker, args=(weights,))
