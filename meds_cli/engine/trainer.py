@@ -167,6 +167,8 @@ class Trainer:
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
         if not indices:  # entered the engine's call only
+            if self.scoring == "sampled":
+                self.engine.release()  # as the others do before their scoring pass: the group sleeps and wakes together
             return batch
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
             self._score(batch, timing)
