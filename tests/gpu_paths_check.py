@@ -216,6 +216,8 @@ def check_peak(out: Path) -> dict:
     engine.policy_updated()
     with gathered_parameters(sharded):
         engine.generate(request, settings)
+        # the push leaves sampling's gather as it found it: an hf decode loop goes on without collectives
+        result["still_gathered"] = not any(isinstance(p, DTensor) for p in model.parameters())
     result["peak_inside_gather_bytes"] = peak[0]
     loads = [e for e in events if e[0] == "load_weights"]
     close_process_group(acc)

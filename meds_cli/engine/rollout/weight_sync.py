@@ -62,11 +62,12 @@ def sharding_units(model: nn.Module) -> list[tuple[nn.Module | None, list[str]]]
     names = [name for name, _ in model.named_parameters()]
     if not units:
         return [(None, names)]
-    owned: dict[str, list[str]] = {prefix: [] for prefix, _ in units}
+    owned: dict[str | None, list[str]] = {prefix: [] for prefix, _ in units}
+    owned[None] = []  # parameters outside every unit: plain tensors
     for name in names:  # a parameter belongs to the innermost unit around it
-        owner = max((p for p, _ in units if p == "" or name.startswith(p + ".")), key=len)
+        owner = max((p for p, _ in units if p == "" or name.startswith(p + ".")), key=len, default=None)
         owned[owner].append(name)
-    ordered = sorted(units, key=lambda unit: unit[0] == "")  # the root (prefix "") last
+    ordered = [*sorted(units, key=lambda unit: unit[0] == ""), (None, None)]  # the root (prefix "") last
     return [(module, owned[prefix]) for prefix, module in ordered if owned[prefix]]
 
 
