@@ -16,6 +16,12 @@ test: setup
 test-slow: setup
 	.venv/bin/python -m pytest -q -m slow
 
+# The GPU-only paths (vLLM tensor parallelism under DDP, FSDP2 + LoRA weight and adapter sync) on
+# 2 CPU processes over gloo, with fakes that record calls and collectives in place of vLLM.
+.PHONY: test-gpu-paths
+test-gpu-paths: setup
+	.venv/bin/python -m pytest -q -m gpu_paths
+
 # The tests that assert two computations agree, again under other CPU kernel sets: torch picks
 # different float32 kernels on AVX2, AVX-512 and the portable `default` set
 # (ATEN_CPU_CAPABILITY), so a tolerance tuned to one machine fails here instead of on a user's.

@@ -69,6 +69,7 @@ class FakeLLM:
                 self.events.append(("reload", is_checkpoint_format)), self._load(list(weights_iterator)))
 
     def _load(self, weights):
+        weights = list(weights)  # the engine hands over an iterator (one FSDP2 unit gathered at a time)
         self.loaded.append(dict(weights))
         self.events.append(("load_weights", len(weights)))
 
@@ -268,7 +269,7 @@ def test_temperatures_vllm_refuses_are_refused_when_the_config_loads(settings, k
 
 def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
     events = []
-    engine, policy = _engine(tmp_path, events, options=VLLMConfig(sync="merged"))
+    engine, policy = _engine(tmp_path, events, options=VLLMConfig(sync="merged", dtype="float32"))
     assert "enable_lora" not in events[0][1]
     engine.generate([SampleRequest((1,), (3,))], SETTINGS)
     loaded = engine.llm.loaded[-1]
@@ -277,6 +278,15 @@ def test_merged_sync_loads_plain_weights_with_the_adapter_folded_in(tmp_path):
     for name, tensor in loaded.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6)
     assert [e[3] for e in events if e[0] == "generate"] == [None]  # no adapter request when weights are merged
+
+
+@pytest.mark.parametrize("setting, dtype", [("bfloat16", torch.bfloat16), ("float16", torch.float16),
+                                             ("auto", torch.float32)])
+def test_merged_weights_are_cast_to_the_engines_dtype(tmp_path, setting, dtype):
+    events = []
+    engine, _ = _engine(tmp_path, events, options=VLLMConfig(sync="merged", dtype=setting))
+    engine.generate([SampleRequest((1,), (3,))], SETTINGS)
+    assert {t.dtype for t in engine.llm.loaded[-1].values()} == {dtype}  # auto: the policy's own float32
 
 
 def test_weights_load_without_collective_rpc_through_the_driver_worker(tmp_path):

@@ -186,6 +186,9 @@ class TrainConfig:
     log_samples_every: int = doc(0, "write a few prompts with their responses to RUN/samples/step_N.jsonl "
                                  "every N steps (0: never)", at_least(0))
     log_samples_prompts: int = doc(2, "prompts (groups of responses) in each samples log", at_least(1))
+    dist_timeout_s: int = doc(1800, "seconds a collective waits for every process before the run fails (the "
+                              "process group's timeout; NCCL's 600 s default is shorter than a 7B checkpoint or a "
+                              "vLLM start)", at_least(1))
 
     def validate(self, prefix: str) -> None:
         parse_report_to(self.report_to)

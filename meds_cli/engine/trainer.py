@@ -97,8 +97,8 @@ class Trainer:
         self.metrics = runs.MetricsLog(self.run_dir / "metrics.jsonl")
         # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
         self.engine = make_engine(cfg, self.unwrapped, self.tokenizer,
-                                  scratch_dir=self.run_dir / "scratch" / f"rank-{self.rank}",
-                                  processes=self.world, rank=self.rank)
+                                  scratch_dir=self.run_dir / "scratch",  # shared: process 0 writes there
+                                  processes=self.world, rank=self.rank, task=self.task)
         # What the algorithm reads besides the update's forward, asked once: the scoring pass is
         # planned from it, and lens values the engine records while sampling (MEDS's logit lens
         # with the hf engine) stand in for the pass where the algorithm asks for them.
@@ -161,11 +161,15 @@ class Trainer:
         # Under the update's autocast, as the scoring pass: the lens values the decode loop records
         # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
         # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
-        with gathered_parameters(self.sharded), self.acc.autocast():
+        with self._gathered_for_engine(), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
                                     sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
+        if not indices:  # entered the engine's call only
+            if self.scoring == "sampled":
+                self.engine.release()  # as the others do before their scoring pass: the group sleeps and wakes together
+            return batch
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
             self._score(batch, timing)
         algo = self.algorithm
@@ -177,8 +181,18 @@ class Trainer:
         batch.rewards = sum(batch.reward_components.values())
         return batch
 
+    def _gathered_for_engine(self):
+        """Under FSDP2, the whole policy gathered for an engine that samples from the training model
+        itself (hf: many forwards without collectives in between); an engine with its own copy
+        (vLLM) is sent the weights one unit at a time instead, so nothing is gathered for it."""
+        reads_policy = getattr(self.engine, "reads_policy_weights", True)
+        return gathered_parameters(self.sharded if reads_policy else None)
+
     def _score(self, batch: Rollouts, timing: dict) -> None:
-        """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching."""
+        """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching.
+        The engine is released first (vLLM sleeps): its KV cache would otherwise hold its share of
+        the GPU while the pass's forwards run."""
+        self.engine.release()
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()
@@ -210,10 +224,14 @@ class Trainer:
         while rounds < max(1, algo.generation_rounds()):
             indices = self.sampler.take(cfg.rollout.prompts_per_step)[self.rank::self.world]
             rounds += 1
-            # Under FSDP2 generation and scoring gather parameters collectively: every process
-            # takes part in every round, even one whose quota is full.
-            if kept < quota or self.sharded is not None:
-                part = self._sample(indices, timing)
+            # Every process takes part in every round, even one whose quota is full: the engine's
+            # call may be collective (vLLM's tensor-parallel pooling), so that process enters it
+            # with nothing to ask. Under FSDP2 it samples its share as well: the scoring pass
+            # gathers parameters collectively, forward by forward.
+            if kept >= quota and self.sharded is None:
+                indices = []
+            part = self._sample(indices, timing)
+            if part.size:
                 sampled.append(part)
                 part = part.select_groups(algo.keep_groups(part))
                 kept_parts.append(part)
@@ -305,12 +323,12 @@ class Trainer:
         correct = 0
         model = self.unwrapped
         model.eval()
-        with gathered_parameters(self.sharded):  # every process: the gather is collective under FSDP2
-            if problems:
-                prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-                settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature,
-                                             top_p=1.0)
-                batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
+        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+        settings = sampling_settings(self.cfg.rollout, self.tokenizer, temperature=self.cfg.eval.temperature, top_p=1.0)
+        # Every process, even one without problems (an empty list): the gather is collective under
+        # FSDP2, and so may the engine's call be (vLLM's tensor-parallel pooling).
+        with self._gathered_for_engine():
+            batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, 1, settings)
         if problems:
             correct = sum(v.correct for v in self.task.grade(list(zip(problems, batch.response_texts))))
         total = global_sum(self.acc, len(problems))

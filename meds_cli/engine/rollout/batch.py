@@ -36,7 +36,9 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
                     settings: SamplingSettings) -> Rollouts:
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
     token ids (the chat template already holds any BOS); each sample's seed is drawn from torch's
-    RNG, which the trainer reseeds every step, so a resumed run samples the same responses."""
+    RNG, which the trainer reseeds every step, so a resumed run samples the same responses.
+    No prompts: the engine is still called (its call may be collective, as vLLM's tensor-parallel
+    pooling is) and the batch is empty."""
     seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
     requests = sample_requests(tokenizer, prompts, seeds)
     samples = engine.generate(requests, settings)
@@ -47,7 +49,7 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
 def sample_requests(tokenizer, prompts: list[str], seeds) -> list[SampleRequest]:
     """One engine request per prompt: its token ids as the template wrote them (no BOS added:
     a chat template already holds it) and the seeds of its samples."""
-    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
     return [SampleRequest(tuple(ids), tuple(s)) for ids, s in zip(prompt_ids, seeds)]
 
 
@@ -74,8 +76,9 @@ def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples:
     logit-lens values) beside them where the engine gave them."""
     rows = [(ids, sample) for ids, group in zip(prompt_ids, samples) for sample in group]
     pad = tokenizer.pad_token_id
-    width_p = max(len(ids) for ids, _ in rows)
-    width_r = max(1, max(len(s.token_ids) for _, s in rows))
+    # No rows (a process that had nothing to ask still enters the engine's call): an empty batch.
+    width_p = max((len(ids) for ids, _ in rows), default=0)
+    width_r = max(1, max((len(s.token_ids) for _, s in rows), default=0))
     prompt = torch.full((len(rows), width_p), pad, dtype=torch.long)
     prompt_mask = torch.zeros((len(rows), width_p), dtype=torch.long)
     response = torch.full((len(rows), width_r), pad, dtype=torch.long)

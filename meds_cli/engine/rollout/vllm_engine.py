@@ -5,11 +5,12 @@ Each process holds its own vLLM instance on its GPU (a share of the memory,
 the node, which then pool their prompts). The engine follows the policy:
   - after an optimizer step the trainer calls `policy_updated` (cheap); the next `generate`
     first brings the engine up to date, once, however many steps were taken:
-      * LoRA (`sync: adapter`): the adapter is saved to the run's scratch folder and used as a
-        new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
+      * LoRA (`sync: adapter`): the adapter's full tensors are gathered, process 0 saves them to
+        the run's scratch folder (shared by every process; the others wait) and each engine uses
+        it as a new LoRARequest (a new id each time, so vLLM never serves a cached older adapter);
       * full weights, or LoRA with `sync: merged`: the weights (adapter folded in) are loaded into
         the engine in place and its prefix cache is reset (cached keys of old weights are stale);
-  - while the trainer updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
+  - while the trainer scores and updates, `release` puts vLLM to sleep where it offers sleep mode (level 1:
     weights to CPU, KV cache dropped; level 2: weights dropped too, only with a full-weight push,
     which wakes the weights first, loads, then wakes the KV cache);
   - prompts go in as token ids (TokensPrompt: no second BOS), one request per prompt asking for
@@ -36,13 +37,20 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.weight_sync import (
+    adapter_weights,
+    merged_weights,
+    process_rank,
+    torch_dtype,
+    wait_for_processes,
+)
 
 # vLLM platforms (current_platform.device_type) where `seed_per_request: auto` asks for groups
 BATCHED_SAMPLING_PLATFORMS = ("cuda",)
@@ -142,6 +150,14 @@ def seeds_per_request(option: bool | str, platform: str) -> bool:
     return platform not in BATCHED_SAMPLING_PLATFORMS if option == "auto" else bool(option)
 
 
+def free_cuda_cache() -> None:
+    """Hand PyTorch's cached, unused CUDA blocks back to the driver (verl and TRL do so around
+    vLLM's sleep and wake-up: memory the trainer freed otherwise stays in PyTorch's cache, out of
+    vLLM's reach). Nothing without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def say_on_stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
@@ -165,35 +181,9 @@ def tensor_parallel_gather(size: int) -> Callable:
     return gather
 
 
-def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of the policy as plain transformers weights: each LoRA adapter folded
-    into its base weight, peft's wrapping removed from the names, sharded tensors gathered."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:
-        LoraLayer = ()  # noqa: N806 - no peft, no adapters
-    adapted = {name: m for name, m in inner.named_modules() if LoraLayer and isinstance(m, LoraLayer)}
-    for name, param in inner.named_parameters():
-        if ".lora_" in name:
-            continue
-        tensor = param.detach()
-        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: every process gets the whole weight
-            tensor = tensor.full_tensor()
-        if ".base_layer." in name:
-            module_name, leaf = name.split(".base_layer.")
-            layer = adapted[module_name]
-            name = f"{module_name}.{leaf}"
-            if leaf == "weight" and not layer.merged and not layer.disable_adapters:
-                tensor = tensor.clone()
-                for adapter in layer.active_adapters:
-                    if adapter in layer.lora_A:
-                        tensor += layer.get_delta_weight(adapter).to(tensor.dtype)
-        yield name, tensor
-
-
 def _load_into_worker(worker, weights):
-    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs into its model.
+    """Runs on each vLLM worker (collective_rpc): load (name, tensor) pairs (any iterable, read
+    once) into its model.
     vLLM 0.32's workers reload in place (`reload_weights`), which also works where loading turned
     the parameters into kernel formats that a second `load_weights` cannot read (its CPU build);
     older workers take the weights through the model's own `load_weights`."""
@@ -239,6 +229,9 @@ class VLLMEngine:
 
     name = "vllm"
     records_lens = False  # vLLM exposes no hidden states: MEDS reads its features from the scoring pass
+    # It samples from its own copy, sent unit by unit (weight_sync.py): the trainer does not gather
+    # a sharded policy for it.
+    reads_policy_weights = False
 
     def __init__(self, source: str, *, options: VLLMConfig, seed: int = 0, policy=None, lora_rank: int | None = None,
                  adapter_path: Path | None = None, scratch_dir: Path | None = None, processes: int = 1,
@@ -296,6 +289,7 @@ class VLLMEngine:
     def release(self) -> None:
         if self.options.sleep_level and not self.asleep:
             self.llm.sleep(level=self.options.sleep_level)
+            free_cuda_cache()
             self.asleep = True
             self.weights_dropped = self.options.sleep_level == 2
 
@@ -315,6 +309,7 @@ class VLLMEngine:
             if stale:
                 self._push()
             return
+        free_cuda_cache()  # the training's freed activations, still in PyTorch's cache, back for vLLM
         if stale and not self.push_adapter and self.weights_dropped:
             # Level 2: wake the weights alone, load them, then wake the KV cache (a lower peak).
             self.llm.wake_up(tags=["weights"])
@@ -328,20 +323,33 @@ class VLLMEngine:
 
     def _push(self) -> None:
         if self.push_adapter:
-            self.adapters_pushed += 1
-            number = self.adapters_pushed
-            folder = Path(self.scratch_dir) / f"adapter-{number}"
-            self.policy.save_pretrained(str(folder))
-            self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
-            stale_folder = Path(self.scratch_dir) / f"adapter-{number - 1}"
-            if stale_folder.is_dir():  # vLLM read it when it served that id; it is never asked for again
-                shutil.rmtree(stale_folder, ignore_errors=True)
+            self._push_adapter()
         else:
-            self._load_weights(list(merged_weights(self.policy)))
+            # One FSDP2 unit at a time, cast to vLLM's dtype: never the whole model at once (weight_sync.py).
+            self._load_weights(merged_weights(self.policy, torch_dtype(self.options.dtype)))
             self.llm.reset_prefix_cache()
         self.engine_version = self.policy_version
 
-    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _push_adapter(self) -> None:
+        """Every process gathers the adapter's full tensors (under FSDP2 its weights are shards,
+        whether or not sampling gathered them), process 0 writes it into the scratch folder every
+        process shares, the others wait for the file, then every engine serves it (TRL and verl
+        write once too)."""
+        self.adapters_pushed += 1
+        number = self.adapters_pushed
+        folder = Path(self.scratch_dir) / f"adapter-{number}"
+        weights = adapter_weights(self.policy)
+        if process_rank() == 0:
+            self.policy.save_pretrained(str(folder), state_dict=weights)
+            stale_folder = Path(self.scratch_dir) / f"adapter-{number - 1}"
+            if stale_folder.is_dir():  # every engine served that id in its last generate; never asked for again
+                shutil.rmtree(stale_folder, ignore_errors=True)
+        wait_for_processes()
+        self.lora_request = self.api.LoRARequest(f"policy-{number}", number, str(folder.resolve()))
+
+    def _load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hand (name, tensor) pairs to vLLM's workers as they come: colocated, the workers run in
+        this process, so an iterator is read in place and each tensor freed once loaded."""
         rpc = getattr(self.llm, "collective_rpc", None)
         if rpc is not None:
             rpc(_load_into_worker, args=(weights,))

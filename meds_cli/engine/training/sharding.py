@@ -37,13 +37,19 @@ SHARDINGS = ["none", "fsdp2"]
 
 def make_accelerator(train_cfg, **extra):
     """The run's Accelerator: mixed precision from the config when set, else from the launch
-    (engine/training/precision.py); the setup is checked by the trainer (check_distributed_setup).
-    `extra` goes to Accelerator as it is (the trackers of train.report_to)."""
+    (engine/training/precision.py), and the process group's timeout (train.dist_timeout_s); the
+    setup is checked by the trainer (check_distributed_setup). `extra` goes to Accelerator as it is
+    (the trackers of train.report_to)."""
+    from datetime import timedelta
+
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     from meds_cli.engine.training.precision import resolve_mixed_precision
 
-    return Accelerator(mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision), **extra)
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=train_cfg.dist_timeout_s))
+    return Accelerator(mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision), kwargs_handlers=[timeout],
+                       **extra)
 
 
 def check_distributed_setup(accelerator, sharding: str) -> None:

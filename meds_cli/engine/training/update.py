@@ -94,7 +94,9 @@ def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None])
                                  weight_decay=optim_cfg.weight_decay)
 
     if train_cfg.sharding == "fsdp2" and acc.num_processes > 1:
-        model.to(acc.device)
+        # Shard first, never move the whole model: fully_shard moves each unit's parameters to the
+        # mesh's device itself, one unit at a time, and keeps only the shard (FSDP2's own examples
+        # build on CPU or meta, then shard); a move before would hold the full model on every GPU.
         gpu_bf16 = acc.device.type == "cuda" and acc.mixed_precision == "bf16"
         sharded = sharding.shard_model(model, sharding.device_mesh(acc),
                                        param_dtype=torch.bfloat16 if gpu_bf16 else None)
