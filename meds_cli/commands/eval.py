@@ -24,6 +24,7 @@ from benchmarks.eval_report import (
 from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.core.errors import UserError
+from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
@@ -213,6 +214,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
              output: Path | None, dtype: str | None = None, quiet: bool = False,
              console: Console | None = None) -> dict:
     """Evaluate and write the outputs; returns the results document."""
+    library_warnings = route_library_warnings()  # to the output folder's log, not between the lines below
     console = console or Console(stderr=True, soft_wrap=True)  # paths in messages stay copyable
     if run_dir is not None and model is not None:
         raise UserError("give either a run folder (meds eval RUN_DIR) or --model, not both")
@@ -257,6 +259,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     folder = Path(output) if output else default_output(run_dir, spec)
     generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size)
     check_state(folder, settings)  # refuse mismatched samples before the model takes its time to load
+    library_warnings.log_to(folder)  # written once the eval has made the folder
     with console.status(f"loading {spec.label} ({backend_name}) ..."):
         backend = make_backend(backend_name, spec, generation)
     console.print(f"eval of [bold]{spec.label}[/] on {', '.join(settings.benchmarks)}: n={settings.samples} "
@@ -279,6 +282,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     if warnings:
         document["warnings"] = warnings
     write_results(folder, document)
+    library_warnings.flush()
     plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
     print_table(score_table(document))
     console.print(truncation_line(document), highlight=False)
