@@ -52,7 +52,8 @@ class EDASConfig:
                        "responses absorb what is held back (the paper); magnitude: every change at most |A| / kappa")
     all_wrong_penalty: float = doc(0.0, "advantage -p for an all-wrong group with one error class that the base gives "
                                         "no advantage; DAPO then keeps such groups (0: off, the paper)", at_least(0))
-    warmup_steps: int = doc(0, "linear warm-up of alpha and beta over this many training steps (0: none)", at_least(0))
+    warmup_steps: int = doc(0, "linear warm-up of alpha, beta and all_wrong_penalty over this many training steps "
+                               "(0: none)", at_least(0))
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
 
 

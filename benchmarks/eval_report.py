@@ -44,16 +44,16 @@ def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
 
 
 def _truncated_cell(scores: dict) -> str:
-    """Responses that hit the length limit: 'count (share %)' (the share alone for older results)."""
-    share = _pct(scores["truncated_share"])
+    """Responses that hit the length limit: 'count (share %)' (the share alone, or '-', for older results)."""
+    share = _pct(scores.get("truncated_share"))
     return f"{scores['truncated']} ({share}%)" if "truncated" in scores else share
 
 
 def truncation_line(document: dict) -> str:
     """'truncated at the L-token limit: <benchmark> N of M (x%), ...': every report prints it."""
     limit = document["config"].get("max_new_tokens")
-    parts = [f"{name} {scores['truncated']} of {scores['responses']} ({_pct(scores['truncated_share'])}%)"
-             if "truncated" in scores and "responses" in scores else f"{name} {_pct(scores['truncated_share'])}%"
+    parts = [f"{name} {scores['truncated']} of {scores['responses']} ({_pct(scores.get('truncated_share'))}%)"
+             if "truncated" in scores and "responses" in scores else f"{name} {_pct(scores.get('truncated_share'))}%"
              for name, scores in document["benchmarks"].items()]
     return f"truncated at the {limit}-token limit: {', '.join(parts)}"
 
