@@ -91,6 +91,9 @@ class AlgorithmContext:
     # (name, weight) of the user's reward channels (reward.functions), which sit in
     # rollouts.reward_components beside the algorithm's own, already multiplied by their weight.
     extra_reward_channels: tuple[tuple[str, float], ...] = ()
+    # rollout.temperature: responses are drawn from softmax(logits / T), the distribution whose
+    # log-probs the loss uses (algorithms.md, notation).
+    sampling_temperature: float = 1.0
 
 
 class Algorithm:

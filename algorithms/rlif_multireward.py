@@ -4,8 +4,10 @@ seed 002, docs/algorithms.md "RLIF multi-reward"): GRPO-style training on two la
 - Answer channel, cluster voting: final answers of a group are grouped by equality
   (`algorithms.answer_groups`); R_cluster(i) = |cluster of i| / G, 0 when i has no answer.
   Answers are read from the response texts here, never from the grader's verdicts.
-- Completion channel, self-certainty: mean over response tokens of logsumexp(logits) - mean(logits)
-  (= KL(uniform || p) + log V), from the no-grad sampling forward pass (observe_forward).
+- Completion channel, self-certainty: mean over response tokens of logsumexp(z) - mean(z) with
+  z = logits / T (= KL(uniform || softmax(z)) + log V), from the no-grad sampling forward pass
+  (observe_forward). T = `certainty_temperature`, by default the sampling temperature: the
+  certainty of the distribution the responses were drawn from and the loss's log-probs use.
 - GDPO: each channel z-scored within its group on its own, then A = w_c Z_cluster + w_s Z_cert,
   so neither channel wins by scale alone; optional re-normalization over the batch. The user's
   own reward functions (reward.functions) are further channels, z-scored the same way with
@@ -47,6 +49,8 @@ class RLIFConfig(GRPOConfig):
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "answer clusters: canonical key then grader, or key only")
     cluster_weight: float = doc(1.0, "GDPO weight of the cluster-voting channel", at_least(0))
     certainty_weight: float = doc(1.0, "GDPO weight of the self-certainty channel", at_least(0))
+    certainty_temperature: float = doc(0.0, "T of the self-certainty channel, over softmax(logits / T); "
+                                       "0: the sampling temperature (rollout.temperature)", at_least(0))
     batch_norm: bool = doc(False, "re-normalize the summed advantages over the batch (GDPO's optional last step)")
     policy_loss: str = choice("kl-cov", POLICY_LOSSES.names(),
                               "per-token policy loss (algorithms/policy_loss.py); KL-Cov as in the seed")
@@ -55,9 +59,11 @@ class RLIFConfig(GRPOConfig):
 # ---------------------------------------------------------------- the formulas
 
 
-def self_certainty(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[b] mean over valid tokens of logsumexp(logits_t) - mean(logits_t), from logits [b, R, V]."""
-    per_token = torch.logsumexp(logits.float(), dim=-1) - logits.float().mean(dim=-1)
+def self_certainty(logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[b] mean over valid tokens of logsumexp(z_t) - mean(z_t), z_t = logits_t / temperature, from
+    logits [b, R, V]: the self-certainty of softmax(logits / temperature)."""
+    scaled = logits.float() / temperature
+    per_token = torch.logsumexp(scaled, dim=-1) - scaled.mean(dim=-1)
     mask = mask.to(per_token.dtype)
     return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
@@ -104,6 +110,8 @@ class RLIFMultiReward(Algorithm):
         else:
             self.extraction = config.extraction
             self.read_answer = functools.partial(read_answer, mode=config.extraction)
+        # 0 follows the sampler (the default); the training config requires rollout.temperature > 0
+        self.certainty_temperature = config.certainty_temperature or context.sampling_temperature
 
     # -- rewards: from the responses and the sampling pass only
     def forward_needs(self, num_layers, records_lens):
@@ -113,7 +121,7 @@ class RLIFMultiReward(Algorithm):
         values = rollouts.extras.setdefault("self_certainty", torch.zeros(rollouts.size))
         logits = view.response_logits()
         mask = rollouts.response_mask[view.rows].to(logits.device)
-        values[view.rows] = self_certainty(logits, mask).cpu()
+        values[view.rows] = self_certainty(logits, mask, self.certainty_temperature).cpu()
 
     def reward_components(self, rollouts):
         g = rollouts.group_size
@@ -140,6 +148,7 @@ class RLIFMultiReward(Algorithm):
     def step_metrics(self, rollouts):
         comps = rollouts.reward_components
         metrics = {}
+        metrics["rlif/certainty_temperature"] = self.certainty_temperature
         for name in ("cluster", "certainty"):
             values = comps[name].float()
             metrics[f"rlif/{name}_mean"] = values.mean().item()

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from benchmarks.latex_forms import plain_latex
+
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 EXTRACTION_MODES = ("boxed", "boxed_then_last_number")
@@ -96,7 +98,7 @@ def extract_answer(text: str | None, mode: str = "boxed") -> str | None:
 # Longer than this is not a number anyone writes; refusing early keeps the readers cheap.
 _MAX_LITERAL_CHARS = 200
 
-_WRAPPERS = ("\\text", "\\textbf", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed")
+_WRAPPERS = ("\\text", "\\textbf", "\\textnormal", "\\textrm", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed")
 # Thousands separators in their conventional forms: 1{,}234 and 1,\!234 (MATH), and the thin space
 # 1\,234 of SI style when it splits off exactly three digits. All become a plain comma, which the
 # literal forms below accept only in groups of three.
@@ -108,9 +110,9 @@ _LAYOUT = re.compile(r"\\left|\\right|\\displaystyle")
 _SPACING = re.compile(rf"{_SPACE_COMMANDS.pattern}|{_LAYOUT.pattern}")
 # A space between two parts of a number ("2 7", "32, 349"): two numbers, never one.
 SPACE_INSIDE_NUMBER = re.compile(r"(?<=[\d.,])\s+(?=[\d.,])")
-_FRAC_SHORTHAND = re.compile(r"\\frac\s*(\d)\s*(\d)(?!\d)")  # \frac12, \frac 3 8
-_UNIT_SUFFIX = re.compile(r"(?:\s*\\(?:text|mbox|mathrm)\s*\{[^{}\d]*\})+\s*(?:\^\s*\{?\d\}?)?$")
-_DEGREE_OR_PERCENT = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree|\\%|%)$")
+_UNIT_SUFFIX = re.compile(
+    r"(?:\s*\\(?:text|textnormal|textrm|textbf|textit|mbox|mathrm)\s*\{[^{}\d]*\})+\s*(?:\^\s*\{?\d\}?)?$")
+_DEGREE_OR_PERCENT = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree|\\%|%|\s*percent(?:age)?|\s*pct)$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=")
 
 # Unsigned decimal: digits with optional thousands commas, or a leading-dot decimal.
@@ -171,6 +173,25 @@ def _closing_brace(text: str) -> int | None:
     return None
 
 
+def _closes_at_end(text: str) -> bool:
+    """Whether the parenthesis opening text closes at its last character, `(1)(2)` not."""
+    depth = 0
+    for pos, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth == 0:
+            return pos == len(text) - 1
+    return False
+
+
+def _inside_parentheses(text: str) -> str:
+    """text without parentheses around all of it, `(-2)` -> `-2`, repeatedly; kept when a comma is
+    inside: `(1,234)` may be a pair, never a thousands-grouped number."""
+    text = text.strip()
+    while text.startswith("(") and "," not in text and _closes_at_end(text):
+        text = text[1:-1].strip()
+    return text
+
+
 def _to_fraction(decimal: str) -> Fraction:
     return Fraction(decimal.replace(",", ""))
 
@@ -182,15 +203,13 @@ def _normalize_thousands(text: str) -> str:
 def _bare_number_text(text: str) -> str | None:
     """text with everything around a number literal removed (wrappers, units, `x =` ...), or None
     when spacing splits it into several numbers."""
-    text = _normalize_thousands(_unwrap(text))
+    text = plain_latex(_normalize_thousands(_unwrap(text)))  # \dfrac13 -> \frac{1}{3}, \left( -> (
     text = _LAYOUT.sub("", _SPACE_COMMANDS.sub(" ", text)).replace("\u2212", "-")
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = _FRAC_SHORTHAND.sub(r"\\frac{\1}{\2}", text)
     text = _ASSIGNMENT.sub("", text.strip())
     text = text.rstrip(". ")
     text = _UNIT_SUFFIX.sub("", text)
     text = _DEGREE_OR_PERCENT.sub("", text.strip())
-    text = _unwrap(text)
+    text = _inside_parentheses(_unwrap(text))
     if text.startswith("\\$"):
         text = text[2:]
     if SPACE_INSIDE_NUMBER.search(text):
@@ -214,8 +233,10 @@ def read_number_literal(text: str | None) -> NumberLiteral | None:
     """The number text is, when it is a plain number literal, else None.
 
     Accepted: an integer or decimal (thousands commas allowed: 1,234.5 or 1{,}234.5), a fraction
-    `\\frac{a}{b}`, `\\frac12` or `a/b`, scientific notation (4.5e33, 4.5\\times 10^{33}), each with a
+    `\\frac{a}{b}` (or `\\dfrac`, `\\tfrac`, `\\cfrac`, brace-less `\\frac12`, `\\frac3{4}`) or `a/b`,
+    scientific notation (4.5e33, 4.5\\times 10^{33}), each with a
     leading sign. Ignored around it: `$`, `\\text{}`-like wrappers, LaTeX spacing, `\\left`/`\\right`,
+    parentheses around the whole number (without a comma inside),
     a leading `\\$`, a single-letter assignment `x =`, a trailing unit in `\\text{}`, a degree sign
     or a percent sign (whose value is NOT divided by 100: it only decides literal-or-not; the
     symbolic checker compares percentages), a trailing full stop.
@@ -274,7 +295,7 @@ def answer_key(text: str | None) -> str | None:
     """A canonical key for majority voting: equal keys mean the same answer.
 
     Plain numbers map to their exact value (0.5 and \\frac{1}{2} share a key); anything else to
-    its text without spaces, `$`, `\\left`/`\\right` and with `\\dfrac` read as `\\frac`. Cheap and
+    its text without spaces, `$`, `\\left`/`\\right`, in benchmarks.latex_forms's one spelling. Cheap and
     conservative: two equivalent expressions may still get different keys.
     """
     if text is None or not text.strip():
@@ -282,6 +303,5 @@ def answer_key(text: str | None) -> str | None:
     value = number_literal_value(text)
     if value is not None:
         return f"num:{value}"
-    text = _SPACING.sub("", _unwrap(text))
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = _SPACING.sub("", plain_latex(_unwrap(text)))
     return re.sub(r"\s+", "", text)

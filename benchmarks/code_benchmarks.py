@@ -13,8 +13,10 @@ Each response becomes one sandboxed program (benchmarks.sandbox); its outputs co
 the wire format of code_values and are compared here, outside it.
 
 Verdict.outcome is the class of the first failing test ('WrongAnswer', an exception type name,
-'Timeout', 'MemoryLimit', 'Killed') or 'passed'; Verdict.detail holds 'base_passed',
-'plus_passed', 'program_outcome' and the per-group counts.
+'Timeout', 'MemoryLimit', 'Killed') or 'passed', or 'no_program' when the response holds no
+program at all (not a SyntaxError: writing no code and writing code that does not parse are two
+failure modes, as a math response without an answer is 'no_answer'); Verdict.detail holds
+'base_passed', 'plus_passed', 'program_outcome' and the per-group counts.
 """
 
 import os
@@ -44,6 +46,7 @@ STARTUP_SLACK_S = 5.0  # the harness's own start and the reading of its inputs, 
 # EvalPlus limits the address space of the process a solution runs in to 4 GiB (or the
 # machine's memory, where less; EVALPLUS_MAX_MEMORY_BYTES).
 EVALPLUS_MEMORY_MB = 4096
+NO_PROGRAM = "no_program"  # the outcome of a response with no code in it
 
 
 def _memory_mb() -> int:
@@ -217,9 +220,9 @@ def _verdict_from_program(code: str, result: ProgramResult) -> Verdict:
 
 
 def _no_code(code: str | None) -> Verdict:
-    detail = {"base_passed": False, "plus_passed": False, "program_outcome": "SyntaxError",
+    detail = {"base_passed": False, "plus_passed": False, "program_outcome": NO_PROGRAM,
               "note": "no code found in the response"}  # fmt: skip
-    return Verdict(False, code, "SyntaxError", detail)
+    return Verdict(False, code, NO_PROGRAM, detail)
 
 
 def grade(pairs: Sequence[tuple[Problem, str]]) -> list[Verdict]:

@@ -23,6 +23,9 @@ from meds_cli.core.report_console import print_table
 
 RESULTS_FILE = "results.json"
 PLOT_FILE = "pass_at_k.png"
+# Above this share of responses cut at the length limit, an eval's scores measure the limit more than
+# the model (a cut response has no final answer), and every report says so.
+TRUNCATION_WARN_SHARE = 0.10
 
 
 def write_results(folder: Path, document: dict) -> Path:
@@ -41,9 +44,32 @@ def _shown_ks(ks: list[str], limit: int = 6) -> list[str]:
 
 
 def _truncated_cell(scores: dict) -> str:
-    """Responses that hit the length limit: 'count (share %)' (the share alone for older results)."""
-    share = _pct(scores["truncated_share"])
+    """Responses that hit the length limit: 'count (share %)' (the share alone, or '-', for older results)."""
+    share = _pct(scores.get("truncated_share"))
     return f"{scores['truncated']} ({share}%)" if "truncated" in scores else share
+
+
+def truncation_line(document: dict) -> str:
+    """'truncated at the L-token limit: <benchmark> N of M (x%), ...': every report prints it."""
+    limit = document["config"].get("max_new_tokens")
+    parts = [f"{name} {scores['truncated']} of {scores['responses']} ({_pct(scores.get('truncated_share'))}%)"
+             if "truncated" in scores and "responses" in scores else f"{name} {_pct(scores.get('truncated_share'))}%"
+             for name, scores in document["benchmarks"].items()]
+    return f"truncated at the {limit}-token limit: {', '.join(parts)}"
+
+
+def truncation_warning(document: dict, share: float = TRUNCATION_WARN_SHARE) -> str | None:
+    """A line naming the benchmarks where more than `share` of the responses hit the length limit,
+    and the setting that raises it; None when none did."""
+    limit = document["config"].get("max_new_tokens")
+    hit = [f"{name} {_pct(scores['truncated_share'])}%" for name, scores in document["benchmarks"].items()
+           if scores.get("truncated_share", 0) > share]
+    if not hit:
+        return None
+    example = f" (e.g. --max-new-tokens {2 * limit})" if limit else ""
+    return (f"more than {100 * share:.0f}% of the responses hit the {limit}-token limit ({', '.join(hit)}): they are "
+            f"cut off before their answer, so the scores measure the limit more than the model; raise it with "
+            f"--max-new-tokens{example}")
 
 
 def _problems_cell(scores: dict) -> str:
@@ -172,6 +198,7 @@ def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
     top = ks[-1] if ks else None
     table.add_column(f"maj@{top}", justify="right")
     table.add_column("problems", justify="right")
+    table.add_column("truncated", justify="right")
     names = list(dict.fromkeys(name for _, doc in labelled for name in doc["benchmarks"]))
     for name in names:
         for label, doc in labelled:
@@ -179,7 +206,8 @@ def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
             if scores is None:
                 continue
             table.add_row(name, label, *[_pct(scores["pass@k"].get(k)) for k in ks],
-                          _pct((scores.get("maj@k") or {}).get(top)), str(scores["problems"]))
+                          _pct((scores.get("maj@k") or {}).get(top)), str(scores["problems"]),
+                          _truncated_cell(scores))
         table.add_section()
     return table
 
@@ -192,6 +220,10 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     labelled = _unique_labels([load_results(t) for t in targets])
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     print_table(comparison_table(labelled), console=console)
+    for label, doc in labelled:
+        warning = truncation_warning(doc)
+        if warning:
+            console.print(f"[yellow]warning:[/] {label}: {warning}")
     # a write that fails (full disk, read-only place) removes the folder this command created
     with output_folder(folder):
         plot = plot_pass_at_k(labelled, folder / PLOT_FILE)

@@ -7,7 +7,9 @@ limit per answer: a worker past it is killed and replaced, and the answer counts
 outcome 'timeout'. Workers are fresh interpreters, started lazily and replaced in the
 background, so one hung answer costs its time limit and nothing more.
 
-Before any worker is asked, the parent settles the easy cases: no answer ('no_answer'), the same
+Both sides are first put in one spelling (benchmarks.latex_forms: `\\cfrac`, `\\dfrac`, `\\tfrac`
+are `\\frac`, `\\left`/`\\right` only size their delimiters, brace-less `\\frac13` and `\\sqrt2` are
+braced). Before any worker is asked, the parent settles the easy cases: no answer ('no_answer'), the same
 text as the gold answer, and plain numbers on both sides (`number_match`: exact as fractions, or
 a decimal that is the other number rounded, with at least six significant digits). A decimal
 answer against a gold answer that is an exact expression (\\sqrt{2}, \\pi/4) gets the same rule
@@ -26,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -46,6 +49,7 @@ from benchmarks.answer_extraction import (
     integer_literal_value,
     read_number_literal,
 )
+from benchmarks.latex_forms import plain_latex
 from benchmarks.number_match import decimal_stands_for, numbers_match
 from meds_cli.core.cpu_budget import worker_count
 from meds_cli.core.records import Verdict
@@ -74,8 +78,12 @@ def _squash(text: str) -> str:
     return "".join(SPACE_INSIDE_NUMBER.sub("\0", text).split())
 
 
+_PERCENT = re.compile(r"%|percent|pct")
+
+
 def _has_percent(text: str) -> bool:
-    return "%" in text
+    """A percentage: `%`, or the word (`28 percent`, `28 pct`), which math-verify reads too."""
+    return _PERCENT.search(text) is not None
 
 
 def _checker_text(text: str) -> str:
@@ -83,11 +91,12 @@ def _checker_text(text: str) -> str:
 
     math-verify reads `4.5e33` as 4.5·e·33 (Euler's e) and cannot read `-1./3` (both are gold
     answers in Minerva-Math); the exact value written as an integer or `\\frac{p}{q}` avoids that.
-    Percentages keep their text: 10\\% must stay comparable with 0.1.
+    Percentages keep their text: 10\\% must stay comparable with 0.1. Anything else goes in
+    latex_forms's one spelling: math-verify misreads brace-less arguments (`\\sqrt[3]2`).
     """
     literal = read_number_literal(text)
     if literal is None or _has_percent(text):
-        return text
+        return plain_latex(text)
     value = literal.value
     if value.denominator == 1:
         return str(value.numerator)
@@ -99,7 +108,7 @@ def _prejudge(pred: str | None, gold: str, strict: bool) -> Verdict | None:
     """The verdict when it needs no symbolic checker, else None."""
     if pred is None or not pred.strip():
         return Verdict(False, None, "no_answer")
-    if _squash(pred) == _squash(gold):
+    if _squash(plain_latex(pred)) == _squash(plain_latex(gold)):
         # The same text is the same answer; spares math-verify a slow parse of a long gold.
         return Verdict(True, pred, "correct", {"by": "identical"})
     gold_number = read_number_literal(gold)

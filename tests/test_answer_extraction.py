@@ -83,6 +83,9 @@ def test_extract_answer_modes():
         ("30^\\circ", Fraction(30)),
         ("10\\%", Fraction(10)),  # percent only marks a literal; its value is not divided by 100
         ("x = 5", Fraction(5)),
+        # parentheses around the whole number group nothing (issue 38: \left( \frac13 \right) is 1/3)
+        ("(5)", Fraction(5)),
+        ("\\left( -\\frac{1}{3} \\right)", Fraction(-1, 3)),
         ("-1./3", Fraction(-1, 3)),
         ("5.", Fraction(5)),
     ],
@@ -94,7 +97,7 @@ def test_number_literal_value_accepts(text, value):
 @pytest.mark.parametrize(
     "text",
     ["27 + 82", "27+82", "2^{10}", "\\sqrt{4}", "3\\cdot 4", "3 \\times 4", "3,4", "1,23", "\\frac{1}{0}",
-     "(5)", "x+y", "", "5" * 300, "109 \\text{ (since } 27+82\\text{)}", "-(-5)"],
+     "x+y", "", "5" * 300, "(1,234)", "109 \\text{ (since } 27+82\\text{)}", "-(-5)"],
 )
 def test_number_literal_value_refuses(text):
     assert number_literal_value(text) is None

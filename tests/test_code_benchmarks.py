@@ -46,7 +46,7 @@ def test_canonical_wrong_raising_and_looping_solutions(humaneval_plus):
     verdicts = cb.grade([(problem, r) for r in responses])
     outcomes = [v.outcome for v in verdicts]
     assert outcomes == [
-        "passed", "WrongAnswer", "IndexError", "Timeout", "SyntaxError", "SyntaxError", "WrongAnswer", "passed",
+        "passed", "WrongAnswer", "IndexError", "Timeout", "SyntaxError", "no_program", "WrongAnswer", "passed",
     ]  # fmt: skip
     assert [v.correct for v in verdicts] == [True] + [False] * 6 + [True]
     assert verdicts[0].detail["base_passed"] and verdicts[0].detail["plus_passed"]

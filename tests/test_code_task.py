@@ -28,7 +28,7 @@ def test_mbppplus_task_splits_prompts_and_rewards():
     assert [v.correct for v in verdicts] == [True, False, False, False]
     assert verdicts[0].detail["credit"] == 1.0 and 0.0 <= verdicts[1].detail["credit"] < 1.0
     assert verdicts[2].outcome == "ZeroDivisionError" and verdicts[2].detail["credit"] == 0.0
-    assert verdicts[3].outcome == "SyntaxError"
+    assert verdicts[3].outcome == "no_program"  # no code at all: its own class, not a SyntaxError
     batch = make_rollouts([v.correct for v in verdicts], 4)
     batch.verdicts = verdicts
     rewards = build_algorithm(cfg).reward_components(batch)["correctness"]

@@ -11,8 +11,10 @@ import torch
 from algorithms.edas import (
     diversity_delta,
     edas_advantages,
+    equal_shift_to_total,
     error_classes,
     error_entropy_terms,
+    magnitude_clip,
     sign_keeping_clip,
     warmup_factor,
 )
@@ -95,23 +97,128 @@ def test_diverse_deltas_are_zero_sum_before_clipping():
         assert case == "diverse" and sum(delta) == pytest.approx(0.0, abs=1e-9)
 
 
-def test_sign_keeping_clip_by_hand():
+def test_magnitude_clip_by_hand():
+    # edas.clip: magnitude (the rule before issue 38), |change| <= |A| / kappa in both directions:
     # A = -1, Delta = -0.3: |Delta| < |A|/2 = 0.5 -> -1.3, not clipped
     # A = -0.1, Delta = +0.3: limit 0.05 -> -0.05, clipped (a rare error is never rewarded)
     # A = -0.4, Delta = -0.5: limit 0.2 -> -0.6, clipped
     # A = 0 (a group with no spread): limit 0 -> unchanged
-    new, clipped = sign_keeping_clip(torch.tensor([-1.0, -0.1, -0.4, 0.0]), torch.tensor([-0.3, 0.3, -0.5, 0.2]), 2.0)
+    new, clipped = magnitude_clip(torch.tensor([-1.0, -0.1, -0.4, 0.0]), torch.tensor([-0.3, 0.3, -0.5, 0.2]), 2.0)
     assert new.tolist() == pytest.approx([-1.3, -0.05, -0.6, 0.0])
     assert clipped.tolist() == [False, True, True, True]
 
 
-def test_sign_never_flips():
+def test_sign_clip_binds_only_towards_zero():
+    # edas.clip: sign, no absorption (K = 1), kappa 2: a response may come towards zero only to A / 2
+    # A = -1, Delta = -0.3 -> -1.3 (away from zero: free)
+    # A = -0.1, Delta = +0.3 -> +0.2 would reward a wrong answer: held at -0.1 / 2 = -0.05
+    # A = -0.4, Delta = -0.5 -> -0.9 (the magnitude clip gave -0.6)
+    # A = 0, Delta = +0.2: held at 0; A = 0, Delta = -0.2 -> -0.2
+    # A = +0.4 (a wrong response with partial credit), Delta = -0.4 -> 0: held at +0.2
+    adv = torch.tensor([-1.0, -0.1, -0.4, 0.0, 0.0, 0.4])
+    new, held = sign_keeping_clip(adv, torch.tensor([-0.3, 0.3, -0.5, 0.2, -0.2, -0.4]), 2.0, zero_sum=False)
+    assert new.tolist() == pytest.approx([-1.3, -0.05, -0.9, 0.0, -0.2, 0.2])
+    assert held.tolist() == [False, True, False, True, False, True]
+
+
+def test_equal_shift_to_total_by_hand():
+    # values 0, 1, 2 with upper bounds 0.5, 0.5, none: g(s) = min(s, .5) + min(1 + s, .5) + (2 + s).
+    # Breakpoints -0.5 and 0.5; g(-0.5) = -0.5 + 0.5 + 1.5 = 1.5 > 1, so s < -0.5 where all three
+    # move: s = -0.5 - (1.5 - 1) / 3 = -2/3, and g(-2/3) = -2/3 + 1/3 + 4/3 = 1.
+    bounds = [(-math.inf, 0.5), (-math.inf, 0.5), (-math.inf, math.inf)]
+    assert equal_shift_to_total([0.0, 1.0, 2.0], bounds, 1.0) == pytest.approx(-2 / 3)
+    # total 3: between the breakpoints the second is held at 0.5 and the others move (slope 2):
+    # s = -0.5 + (3 - 1.5) / 2 = 0.25; g(0.25) = 0.25 + 0.5 + 2.25 = 3
+    assert equal_shift_to_total([0.0, 1.0, 2.0], bounds, 3.0) == pytest.approx(0.25)
+
+
+def test_sign_clip_keeps_the_wrong_subset_zero_sum_when_it_binds():
+    # One group, all four wrong: classes b a a a, A = -0.1 (the rare b), -1, -1, -1, alpha 0.2, kappa 2.
+    # S = (0.1 + 3) / 4 = 0.775; I_a = ln(4/3), I_b = ln 4, H = 0.75 I_a + 0.25 I_b;
+    # I_a - H = 0.25 ln(1/3) = -0.274653, I_b - H = 0.75 ln 3 = 0.823959; ln N_w = ln 4 = 1.386294.
+    # Delta_a = 0.2 * 0.775 * -0.274653 / 1.386294 = -0.030709, Delta_b = 0.155 * 0.823959 / 1.386294 = +0.092126
+    # (3 * 0.030709 = 0.092126: zero-sum).
+    # sign: b would go to -0.1 + 0.092126 = -0.007874, past its bound -0.1 / 2 = -0.05: held at -0.05;
+    # the a's absorb the rest so the sum stays -3.1: each a = (-3.1 + 0.05) / 3 = -1.016667.
+    # magnitude: b -> -0.05 (limit 0.05), a -> -1.0307085 each: sum -0.05 - 3.0921255 = -3.1421255, not zero-sum.
+    adv = torch.tensor([-0.1, -1.0, -1.0, -1.0])
+    wrong_rows = torch.ones(4, dtype=torch.bool)
+    labels = ["b", "a", "a", "a"]
+    sign, facts = edas_advantages(adv, wrong_rows, labels, 4, 0.2, 0.2, 2.0, "sign")
+    assert sign.tolist() == pytest.approx([-0.05, -1.016667, -1.016667, -1.016667], abs=1e-6)
+    assert sign.sum().item() == pytest.approx(-3.1, abs=1e-6)
+    assert facts["clipped"].tolist() == [True, False, False, False]
+    magnitude, _ = edas_advantages(adv, wrong_rows, labels, 4, 0.2, 0.2, 2.0, "magnitude")
+    assert magnitude.tolist() == pytest.approx([-0.05, -1.030709, -1.030709, -1.030709], abs=1e-6)
+    assert magnitude.sum().item() == pytest.approx(-3.1421255, abs=1e-6)
+
+
+def test_sign_clip_properties_on_random_groups():
+    # Whatever the advantages (either sign: partial credit or another baseline) and Deltas: no sign
+    # flips and no bound is passed; K > 1 keeps the wrong subset's sum; nothing held -> the formula.
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randint(2, 10)
+        labels = [rng.randint(0, 3) for _ in range(n)]
+        adv = torch.tensor([rng.uniform(-2, 2) * (rng.random() > 0.05) for _ in range(n)], dtype=torch.float64)
+        kappa = rng.choice([1.01, 2.0, 5.0])
+        delta, case = diversity_delta(labels, adv.abs().tolist(), rng.uniform(0, 3), rng.uniform(0, 3))
+        if case == "none":
+            continue
+        new, held = sign_keeping_clip(adv, torch.tensor(delta, dtype=torch.float64), kappa, zero_sum=case == "diverse")
+        negative = adv <= 0
+        assert (new[negative] <= adv[negative] / kappa + 1e-12).all()
+        assert (new[~negative] >= adv[~negative] / kappa - 1e-12).all()
+        if case == "diverse":
+            assert new.sum().item() == pytest.approx(adv.sum().item(), abs=1e-9)
+        if not held.any():
+            assert new.tolist() == pytest.approx((adv + torch.tensor(delta, dtype=torch.float64)).tolist())
+
+
+def test_magnitude_clip_never_flips_a_sign():
     gen = torch.Generator().manual_seed(0)
     for kappa in (1.01, 2.0, 5.0):
         adv = torch.randn(1000, generator=gen) * 2
         delta = torch.randn(1000, generator=gen) * 10  # far larger than the advantages
-        new, _ = sign_keeping_clip(adv, delta, kappa)
+        new, _ = magnitude_clip(adv, delta, kappa)
         assert torch.equal(torch.sign(new), torch.sign(adv))
+
+
+def test_paper_numbers_single_class_uniform_shift():
+    # The issue's worked numbers (seed 003, the K = 1 regime: "a uniform negative shift (-beta * S)"
+    # on every wrong response). A = [1.2, -0.1, -0.9, -0.8], wrong = [F, T, T, T], one error class,
+    # defaults beta 0.2, kappa 2: S = (0.1 + 0.9 + 0.8) / 3 = 0.6, Delta = -0.2 * 0.6 = -0.12 each:
+    # -0.22, -1.02, -0.92. The correct response (1.2) is untouched. A negative shift on a negative
+    # advantage cannot reverse its sign, so the paper's clip never binds; the magnitude clip cut the
+    # second to -0.1 - 0.1 / 2 = -0.15.
+    adv = torch.tensor([1.2, -0.1, -0.9, -0.8])
+    is_wrong = torch.tensor([False, True, True, True])
+    labels = [None, "x", "x", "x"]
+    new, facts = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0)  # clip: sign, the default
+    assert new.tolist() == pytest.approx([1.2, -0.22, -1.02, -0.92])
+    assert facts["cases"] == ["single"] and not facts["clipped"].any()
+    old, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0, "magnitude")
+    assert old.tolist() == pytest.approx([1.2, -0.15, -1.02, -0.92])
+    # K = 1, beta 1.5, A = -0.5 for both of two wrong responses: S = 0.5, Delta = -1.5 * 0.5 = -0.75
+    # -> -1.25 (the magnitude clip stopped at -0.5 - 0.5 / 2 = -0.75)
+    two = torch.tensor([-0.5, -0.5])
+    both = torch.ones(2, dtype=torch.bool)
+    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0)[0].tolist() == pytest.approx([-1.25, -1.25])
+    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0, "magnitude")[0].tolist() == pytest.approx(
+        [-0.75, -0.75])
+
+
+def test_all_wrong_penalty_reaches_the_broken_record_only():
+    # Two groups of 3 under GRPO: group 0 all wrong with one answer (A = 0, S = 0), group 1 all wrong
+    # with two answers (K = 2, also A = 0). p = 0.3: group 0 gets -0.3 each; group 1 keeps 0 (its
+    # errors differ, and the Deltas scale with S = 0). p = 0 (the default, the paper): nothing moves.
+    adv = torch.zeros(6)
+    every = torch.ones(6, dtype=torch.bool)
+    labels = ["x", "x", "x", "y", "y", "z"]
+    new, facts = edas_advantages(adv, every, labels, 3, 0.2, 0.2, 2.0, all_wrong_penalty=0.3)
+    assert new.tolist() == pytest.approx([-0.3, -0.3, -0.3, 0.0, 0.0, 0.0])
+    assert facts["cases"] == ["all_wrong", "diverse"]
+    assert edas_advantages(adv, every, labels, 3, 0.2, 0.2, 2.0)[0].tolist() == [0.0] * 6
 
 
 def test_edas_advantages_touch_only_wrong_rows():
@@ -184,6 +291,29 @@ def test_edas_single_class_with_warmup_and_resume():
     b = edas("algo.base=grpo", "edas.warmup_steps=2")
     b.load_state_dict(a.state_dict())
     assert b.steps_done == 1
+
+
+def test_all_wrong_penalty_keeps_broken_records_through_dapos_filter():
+    # DAPO's dynamic sampling drops groups whose correctness does not vary: group 0 (one wrong answer
+    # four times), group 1 (two different wrong answers), group 2 (mixed). With the penalty on, the
+    # broken record (group 0) is kept and trains on A = -0.5 each; without, only group 2 is kept.
+    verdicts = [wrong("4")] * 4 + [wrong("4"), wrong("4"), wrong("5"), wrong("5")] + [right()] + [wrong("3")] * 3
+    r = batch(verdicts, 4)
+    r.reward_components = edas().reward_components(r)
+    assert edas().keep_groups(r).tolist() == [False, False, True]
+    a = edas("edas.all_wrong_penalty=0.5")
+    assert a.keep_groups(r).tolist() == [True, False, True]
+    kept = r.select_groups(a.keep_groups(r))
+    kept.reward_components = a.reward_components(kept)
+    kept.rewards = sum(kept.reward_components.values())
+    # DAPO base (GRPO advantages): group 0 all 0 -> -0.5 (S = 0); group 2: rewards 1 0 0 0, mean 1/4,
+    # std 0.5 -> A = 1.5, -0.5 x3; K = 1, S = 0.5 -> Delta = -0.1 -> -0.6
+    assert a.compute_advantages(kept).tolist() == pytest.approx([-0.5] * 4 + [1.5, -0.6, -0.6, -0.6], abs=1e-5)
+    assert a.step_metrics(kept)["edas/case_all_wrong_share"] == 0.5
+    with pytest.raises(UserError, match="all_wrong_penalty"):
+        edas("edas.all_wrong_penalty=-1")
+    with pytest.raises(UserError, match="clip"):
+        edas("edas.clip=both")
 
 
 def test_edas_composes_over_dapo_by_default_and_rejects_bad_kappa():

@@ -127,10 +127,14 @@ def test_compare_two_evals(tmp_path, tiny_eval):
     doc = json.loads((tiny_eval / "results.json").read_text())
     doc["model"] = "better"
     doc["benchmarks"]["math500"]["pass@k"] = {"1": 0.5, "2": 0.75}
+    doc["benchmarks"]["math500"].update(truncated=3, truncated_share=0.25)  # the report warns above 10%
     (other / "results.json").write_text(json.dumps(doc))
     result = invoke("eval", "--compare", tiny_eval, other / "results.json", "--output", tmp_path / "cmp")
     assert result.exit_code == 0, result.output
     assert "better" in result.output and "tiny-llama" in result.output and "75.0" in result.output
+    text = " ".join(result.output.split())
+    assert "3 (25.0%)" in text  # the truncated column
+    assert "better: more than 10% of the responses hit the" in text and "--max-new-tokens" in text
     assert (tmp_path / "cmp" / "pass_at_k.png").stat().st_size > 1000
     labels = [e["label"] for e in json.loads((tmp_path / "cmp" / "compare.json").read_text())["evals"]]
     assert labels == ["tiny-llama", "better"]

@@ -132,24 +132,32 @@ def test_mostly_one_token_answers_are_reported_as_a_prompt_problem(tmp_path, dat
 def test_run_defaults_follow_the_run():
     from meds_cli.commands.eval import run_defaults
 
-    assert run_defaults("arithmetic", 48, None, None)[:2] == (["heldout"], 48)  # a toy task: its split, its length
+    assert run_defaults("copy", 2, None, None)[:2] == (["heldout"], 2)  # a toy task: its split, its length
+    # the arithmetic task's chat answers need more than the demo's training limit of 48 tokens
+    # (HELDOUT_MIN_NEW_TOKENS): at least 256, or the run's own limit where that is longer
+    assert run_defaults("arithmetic", 48, None, None)[:2] == (["heldout"], 256)
+    assert run_defaults("arithmetic", 512, None, None)[:2] == (["heldout"], 512)
     assert run_defaults("math", 1024, None, None)[:2] == (["math500"], 4096)  # a math run: math500
     assert run_defaults(None, None, None, None)[:2] == (["math500"], 4096)  # a model
     assert run_defaults("arithmetic", 48, ["aime24"], None)[:2] == (["aime24"], 4096)  # what is asked wins
     assert run_defaults("arithmetic", 48, None, 16)[:2] == (["heldout"], 16)
-    assert "task 'arithmetic'" in run_defaults("arithmetic", 48, None, None)[2]
+    why = run_defaults("arithmetic", 48, None, None)[2]
+    assert "task 'arithmetic'" in why and "rollout.max_new_tokens 48 is shorter" in why
 
 
-def test_truncation_warning_counts_and_names_the_option():
-    from meds_cli.commands.eval import truncation_warning
+def test_truncation_warning_above_ten_percent_names_the_option():
+    from benchmarks.eval_report import truncation_line, truncation_warning
 
-    document = {"config": {"max_new_tokens": 4096}, "benchmarks": {
-        "math500": {"truncated": 3, "responses": 4, "truncated_share": 0.75},
-        "aime24": {"truncated": 1, "responses": 4, "truncated_share": 0.25}}}
+    document = {"config": {"max_new_tokens": 256}, "benchmarks": {
+        "math500": {"truncated": 3, "responses": 20, "truncated_share": 0.15},
+        "aime24": {"truncated": 2, "responses": 20, "truncated_share": 0.10}}}
     line = truncation_warning(document)
-    assert "4096-token limit" in line and "math500 3 of 4" in line and "aime24" not in line
-    assert "--max-new-tokens" in line
-    document["benchmarks"]["math500"]["truncated_share"] = 0.5
+    # 15% > 10% warns; exactly 10% does not
+    assert "256-token limit" in line and "math500 15.0%" in line and "aime24" not in line
+    assert "--max-new-tokens (e.g. --max-new-tokens 512)" in line
+    assert truncation_line(document) == ("truncated at the 256-token limit: math500 3 of 20 (15.0%), "
+                                         "aime24 2 of 20 (10.0%)")
+    document["benchmarks"]["math500"]["truncated_share"] = 0.1
     assert truncation_warning(document) is None
 
 
@@ -162,6 +170,8 @@ def test_eval_of_a_run_defaults_to_its_held_out_split(tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "benchmarks: heldout at up to 2 tokens (what the run was trained for (task 'copy')" in text
+    # every report says how many responses were cut, and warns above 10% (copy answers fill their 2 tokens)
+    assert "truncated at the 2-token limit: heldout-copy" in text
     assert "work: 10 problems x 2 samples x up to 2 tokens = up to 40 tokens" in text
     results = json.loads((run_dir / "eval" / "step_1" / "results.json").read_text())
     assert list(results["benchmarks"]) == ["heldout-copy"] and results["config"]["max_new_tokens"] == 2

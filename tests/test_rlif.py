@@ -11,6 +11,7 @@ import torch
 
 from algorithms.policy_loss import kl_cov_loss, kl_cov_select
 from algorithms.rlif_multireward import cluster_vote_rewards, gdpo_advantages, read_answer, self_certainty
+from meds_cli.core.errors import UserError
 from meds_cli.core.forward import ForwardView
 from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.rollouts import Rollouts
@@ -40,6 +41,40 @@ def test_self_certainty_on_known_logits():
     p = torch.softmax(torch.tensor([LN3, 0.0]), -1)
     kl_uniform = (0.5 * torch.log(0.5 / p)).sum().item()
     assert kl_uniform + LN2 == pytest.approx(0.836988, abs=1e-6)
+
+
+def test_self_certainty_at_a_temperature_by_hand():
+    # One token, logits z = [2, 0, 0] (V = 3); self-certainty at T is logsumexp(z / T) - mean(z / T):
+    # T = 1:   ln(e^2 + 2) - 2/3 = ln 9.389056 - 0.666667 = 2.239545 - 0.666667 = 1.572878
+    # T = 2:   ln(e + 2) - 1/3   = ln 4.718282 - 0.333333 = 1.551445 - 0.333333 = 1.218111
+    # T = 0.5: ln(e^4 + 2) - 4/3 = ln 56.598150 - 1.333333 = 4.035976 - 1.333333 = 2.702643
+    logits = torch.tensor([[[2.0, 0.0, 0.0]]])
+    mask = torch.ones(1, 1)
+    assert self_certainty(logits, mask).item() == pytest.approx(1.572878, abs=1e-6)
+    assert self_certainty(logits, mask, 2.0).item() == pytest.approx(1.218111, abs=1e-6)
+    assert self_certainty(logits, mask, 0.5).item() == pytest.approx(2.702643, abs=1e-6)
+    # T = 2 is KL(U || softmax(z / 2)) + ln 3: p = (e, 1, 1) / (e + 2) = 0.576117, 0.211942, 0.211942;
+    # (1/3) (ln(0.333333 / 0.576117) + 2 ln(0.333333 / 0.211942)) = (1/3)(-0.547168 + 0.905665) = 0.119499,
+    # + ln 3 = 1.098612 -> 1.218111
+    p = torch.softmax(torch.tensor([1.0, 0.0, 0.0]), -1)
+    assert (((1 / 3) * torch.log((1 / 3) / p)).sum() + math.log(3)).item() == pytest.approx(1.218111, abs=1e-6)
+
+
+def test_certainty_temperature_follows_the_sampler_by_default():
+    # rollout.temperature 0.5 and certainty_temperature unset (0): the channel is taken at 0.5, so a
+    # row whose one token has logits [2, 0, 0] scores 2.702643 (above); set to 1 it scores 1.572878.
+    r = arithmetic_batch(["\\boxed{6}", "\\boxed{6}", "\\boxed{7}", "no idea"])
+    r.response_mask = torch.tensor([[1.0, 0.0]] * 4)
+    logits = torch.zeros(4, 2, 3)
+    logits[:, 0, 0] = 2.0
+    for overrides, expected in [(["rollout.temperature=0.5"], 2.702643),
+                                (["rollout.temperature=0.5", "rlif-multireward.certainty_temperature=1"], 1.572878),
+                                (["rollout.temperature=2"], 1.218111)]:
+        a = rlif("task.name=arithmetic", "train.ppo_epochs=2", *overrides)
+        a.observe_forward(r, ForwardView(rows=slice(0, 4), logits=logits, hidden_states=None, model=None))
+        assert r.extras.pop("self_certainty").tolist() == pytest.approx([expected] * 4, abs=1e-6)
+    with pytest.raises(UserError, match="certainty_temperature"):
+        rlif("rlif-multireward.certainty_temperature=-1")
 
 
 def test_cluster_vote_rewards():

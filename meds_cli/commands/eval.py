@@ -12,10 +12,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from benchmarks.eval_report import PLOT_FILE, compare, plot_pass_at_k, score_table, write_results
+from benchmarks.eval_report import (
+    PLOT_FILE,
+    compare,
+    plot_pass_at_k,
+    score_table,
+    truncation_line,
+    truncation_warning,
+    write_results,
+)
 from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.core.errors import UserError
+from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
@@ -28,6 +37,14 @@ RUN_BENCHMARKS = {"math": "math500"}
 MODEL_DEFAULT_BENCHMARK = "math500"
 MODEL_MAX_NEW_TOKENS = 4096  # the harness's default: what real models' reasoning needs
 HELDOUT = "heldout"  # --benchmarks heldout: the run's task's held-out split
+# The least response length a run's held-out eval gets, by task; else the run's rollout.max_new_tokens.
+# The arithmetic task's reference answer is one boxed integer, but the chat models it trains explain
+# first: after the demo (`make train`: configs/meds_smollm2.yaml, SmolLM2-135M, 5 steps) the model's
+# answers to the 20 held-out problems, 8 samples each under a 512-token limit, were 100 tokens long on
+# average (median 80, 90th percentile 185, 95th 243). Its training limit, 48, cut 74% of them (the
+# demo eval at --k 128 measured 72.9%); 192 would cut 9.4%, 256 cuts 3.8%. The training limit is a
+# CPU budget for rollouts, not a property of the task.
+HELDOUT_MIN_NEW_TOKENS = {"arithmetic": 256}
 
 
 def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda text: None) -> ModelSpec:
@@ -111,7 +128,8 @@ def run_defaults(task_name: str | None, run_max_new_tokens: int | None, benchmar
                  max_new_tokens: int | None) -> tuple[list[str], int, str]:
     """(benchmarks, max_new_tokens, why) where the command line left them out. A run is evaluated
     on what it was trained for: a math run on math500, any other task (a toy task, code) on its
-    own held-out split at its own response length; a model on math500 at 4,096 tokens."""
+    own held-out split at its own response length, or at least HELDOUT_MIN_NEW_TOKENS for its task;
+    a model on math500 at 4,096 tokens."""
     if benchmarks is None and task_name is not None:
         benchmarks = [RUN_BENCHMARKS.get(task_name, HELDOUT)]
         why = f"what the run was trained for (task '{task_name}')"
@@ -121,7 +139,12 @@ def run_defaults(task_name: str | None, run_max_new_tokens: int | None, benchmar
     if max_new_tokens is None:
         own_length = benchmarks == [HELDOUT] and run_max_new_tokens is not None
         max_new_tokens = run_max_new_tokens if own_length else MODEL_MAX_NEW_TOKENS
-        why += ", the run's rollout.max_new_tokens" if own_length else ""
+        floor = HELDOUT_MIN_NEW_TOKENS.get(task_name, 0) if own_length else 0
+        if floor > max_new_tokens:
+            max_new_tokens = floor
+            why += f", the length task '{task_name}' needs (its rollout.max_new_tokens {run_max_new_tokens} is shorter)"
+        elif own_length:
+            why += ", the run's rollout.max_new_tokens"
     return benchmarks, max_new_tokens, why
 
 
@@ -160,20 +183,6 @@ def work_line(suites, settings: EvalSettings) -> str:
             f"{tokens:,} tokens to generate (samples already in the output folder are reused)")
 
 
-def truncation_warning(document: dict, share: float = 0.5) -> str | None:
-    """A line when most responses of a benchmark hit the length limit: their answers are cut off,
-    and the eval spent its time on rambling."""
-    limit = document["config"].get("max_new_tokens")
-    hit = {name: scores for name, scores in document["benchmarks"].items() if scores.get("truncated_share", 0) > share}
-    if not hit:
-        return None
-    where = ", ".join(f"{name} {scores.get('truncated', '?')} of {scores.get('responses', '?')}"
-                      for name, scores in hit.items())
-    return (f"most responses hit the {limit}-token limit (truncated: {where}): they are cut off before an answer; "
-            "--max-new-tokens sets the limit (higher to let them finish, lower to spend less time on a rambling "
-            "model)")
-
-
 def choose_prompt(requested: str, run_style: str | None, has_chat_template: bool) -> tuple[str, str]:
     """(prompt style, why): an explicit --prompt wins; a run is evaluated with the style it was
     trained with; a bare model gets its chat template when it has one (an instruct model given
@@ -205,6 +214,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
              output: Path | None, dtype: str | None = None, quiet: bool = False,
              console: Console | None = None) -> dict:
     """Evaluate and write the outputs; returns the results document."""
+    library_warnings = route_library_warnings()  # to the output folder's log, not between the lines below
     console = console or Console(stderr=True, soft_wrap=True)  # paths in messages stay copyable
     if run_dir is not None and model is not None:
         raise UserError("give either a run folder (meds eval RUN_DIR) or --model, not both")
@@ -249,6 +259,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     folder = Path(output) if output else default_output(run_dir, spec)
     generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size)
     check_state(folder, settings)  # refuse mismatched samples before the model takes its time to load
+    library_warnings.log_to(folder)  # written once the eval has made the folder
     with console.status(f"loading {spec.label} ({backend_name}) ..."):
         backend = make_backend(backend_name, spec, generation)
     console.print(f"eval of [bold]{spec.label}[/] on {', '.join(settings.benchmarks)}: n={settings.samples} "
@@ -271,8 +282,10 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     if warnings:
         document["warnings"] = warnings
     write_results(folder, document)
+    library_warnings.flush()
     plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
     print_table(score_table(document))
+    console.print(truncation_line(document), highlight=False)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  plot: {folder / PLOT_FILE}")

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
+from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
 from meds_cli.engine.run_folders import run_dir as runs
@@ -165,6 +166,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
                  prepared: tuple[str, ...] = ()) -> int:
     """Train; `prepared`: file patterns a launcher put in the new run folder before the run (they
     do not make it a used folder)."""
+    route_library_warnings()  # library warnings go to the run folder's log (_train names it), not the terminal
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     # What can be checked of the model without its weights, before the folder is touched.
     check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
@@ -231,6 +233,7 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
         cfg.train.output_dir = str(run_dir)
         if not plan.resuming:
             runs.write_provenance(run_dir, list(argv))
+    route_library_warnings().log_to(run_dir)  # the run has started: its folder keeps them
     console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  "
                   f"task: {cfg.task.name}")
     if trainer.step >= cfg.train.steps:

@@ -22,6 +22,7 @@ def algorithm_context(cfg, task: Task) -> AlgorithmContext:
     return AlgorithmContext(reward_correct=cfg.reward.correct, reward_wrong=cfg.reward.wrong,
                             max_new_tokens=cfg.rollout.max_new_tokens, read_answer=task.read_answer,
                             answer_mode=task.answer_mode, optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
+                            sampling_temperature=cfg.rollout.temperature,
                             extra_reward_channels=tuple(
                                 (name, weight) for name, _, weight
                                 in planned_channels(cfg.reward.functions, cfg.reward.function_weights)))
