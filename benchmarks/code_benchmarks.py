@@ -6,7 +6,7 @@ outputs from the canonical solution (code_expected), per-input time limits, the 
 plus tests run as two groups (code_harness), EvalPlus's comparison and per-task rules
 (code_compare). A solution passes the base tests when every base input passes, the plus tests
 when every plus input does; it is correct when it passes both (EvalPlus's "base + extra").
-Where this differs from the `evalplus` package, on purpose or by necessity, the README says
+Where this differs from the `evalplus` package, on purpose or by necessity, docs/evaluation.md says
 (HumanEval/32 is graded right here; EvalPlus 0.3.1 fails every solution to it).
 
 Each response becomes one sandboxed program (benchmarks.sandbox); its outputs come back in
