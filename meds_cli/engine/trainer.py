@@ -44,6 +44,8 @@ TIMING_KEYS = ("time_generate_s", "time_score_s", "time_train_s", "time_step_s",
 
 
 class Trainer:
+    """One run's loop; what it works with is built by engine/trainer_parts.py."""
+
     def __init__(self, cfg, run_dir: Path, *, accelerator=None, model_and_tokenizer=None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -83,7 +85,7 @@ class Trainer:
             self.algorithm.on_step_end(batch, step)  # MEDS's memory, say
             row.update(self.algorithm.step_metrics(batch))
         else:
-            row["skipped_update"] = 1.0  # no group kept anywhere: nothing to learn from
+            row["skipped_update"] = 1.0  # a process kept no group, so no process updates
         if should_log_samples(step, self.cfg.train.log_samples_every) and self.acc.is_main_process:
             record_samples(self.run_dir, step, batch if batch is not None else sampled,
                            self.cfg.train.log_samples_prompts, self.tracker)
