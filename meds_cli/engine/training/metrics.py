@@ -7,6 +7,7 @@ import torch
 from algorithms.advantages import zero_spread_groups
 from benchmarks.answer_extraction import answer_key
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.training.importance import mismatch_metrics
 
 
 def distinct_answers(rollouts: Rollouts, correct: bool | None = None) -> float:
@@ -61,6 +62,15 @@ def trained_metrics(batch: Rollouts) -> dict[str, float]:
         return metrics
     mask = batch.response_mask
     return {**metrics, "entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
+
+
+def update_metrics(batch: Rollouts, *, tis_cap: float, sampler_is_full_softmax: bool) -> dict[str, float]:
+    """After the update: the sampler/trainer mismatch (where the engine returned its log-probs and
+    sampled from the full softmax, so both sides are one distribution), then `trained_metrics`."""
+    metrics = {}
+    if batch.sampler_logp is not None and sampler_is_full_softmax:
+        metrics.update(mismatch_metrics(batch.old_logp, batch.sampler_logp, batch.response_mask, tis_cap))
+    return {**metrics, **trained_metrics(batch)}
 
 
 def mean_of(stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:

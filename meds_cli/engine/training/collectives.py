@@ -1,0 +1,40 @@
+"""The few values the processes of one run agree on: whether any process still wants a round,
+the smallest count every process has, a step's metrics averaged, a count summed. Every process
+makes the same calls in the same order (a collective every process must enter); with one process
+nothing is exchanged. The loop (engine/trainer.py) and the rooms' functions it calls take a
+`Collectives`, not the accelerator."""
+
+from __future__ import annotations
+
+import torch
+
+from meds_cli.engine.training.sharding import global_sum
+
+
+class Collectives:
+    def __init__(self, accelerator):
+        self.acc = accelerator
+        self.world = accelerator.num_processes
+
+    def any(self, flag: bool) -> bool:
+        value = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
+        return bool(self.acc.reduce(value, reduction="sum").item() > 0)
+
+    def min(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], device=self.acc.device)
+        return int(self.acc.gather(t).min().item())
+
+    def sum(self, value: float) -> float:
+        return global_sum(self.acc, value)
+
+    def mean_of_numbers(self, row: dict) -> dict:
+        """`row` with each number except the step averaged over processes (one reduce, keys sorted
+        so that every process sends its values in the same order)."""
+        if self.world == 1:
+            return row
+        keys = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and k != "step")
+        values = torch.tensor([float(row[k]) for k in keys], device=self.acc.device)
+        mean = self.acc.reduce(values, reduction="mean").tolist()
+        return {**row, **dict(zip(keys, mean))}
