@@ -2,11 +2,14 @@
 grouping, computed by hand; an update and a scoring pass equal to the fixed-size ones in float64
 on a batch of very different lengths, while the fixed size pads every micro-batch to the batch."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.engine.trainer import Trainer
+from meds_cli.engine.training import update
 from meds_cli.engine.training.micro_batches import (
     MicroBatch,
     cut_to_rows,
@@ -165,3 +168,19 @@ def test_the_scoring_pass_by_tokens_gives_the_fixed_size_values():
     for name in ("old_logp", "entropy", "ref_logp"):
         assert_equal_in_float64(getattr(batches[1], name), getattr(batches[0], name), name)
     assert sum(r * w for r, w in calls[120]) < sum(r * w for r, w in calls[0])
+
+
+def test_rows_longer_than_the_budget_are_said_once(monkeypatch, capsys):
+    monkeypatch.setattr(update, "_warned_over_budget", False)
+    _, tokenizer = lora_policy(seed=5)
+    batch = varied_batch(tokenizer)
+    settings = SimpleNamespace(micro_batch_tokens=30, micro_batch_size=2)
+    acc = SimpleNamespace(num_processes=1, is_main_process=True)
+    plans = [update.plan_micro_batches(batch, list(range(batch.size)), settings, acc) for _ in range(2)]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "3 rows" in err and "train.micro_batch_tokens=30" in err
+    # rows 0, 3 and 5 (responses of 40, 25 and 33 characters, one token each, plus EOS and a prompt
+    # of 5 or 6) are longer than 30 tokens and run alone; the short rows share micro-batches
+    assert plans[0] == plans[1]
+    assert {m.rows for m in plans[0] if len(m.rows) == 1} == {(0,), (3,), (5,)}
+    assert sorted(r for m in plans[0] for r in m.rows) == list(range(8))
