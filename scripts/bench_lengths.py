@@ -98,8 +98,10 @@ def main() -> None:
             rows = copy.copy(batch)  # the update fills old log-probs in the batch it is given
             t0 = time.perf_counter()
             trainer.update(rows)
+            seconds = time.perf_counter() - t0
+            print(f"  round {repeat}{' (warm-up)' if not repeat else ''}: {name} {seconds:.2f} s", flush=True)
             if repeat:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(seconds)
     per_token = {}
     for name, (batch, _) in runs.items():
         real = int(batch.response_mask.sum())
