@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.cpu_launch import ROOT, launch_cpu
+from tests.float64 import assert_equal_in_float64
 
 
 def launch(processes: int, out: Path, *overrides: str) -> dict:
@@ -46,6 +47,26 @@ def test_fsdp2_two_processes_match_one(tmp_path):
     assert one.keys() == two.keys() and one
     for name in one:  # float32 as above; FSDP2's reduce-scatter and recomputed checkpoints add rounding
         assert torch.allclose(one[name], two[name], atol=1e-5, rtol=0), name
+    assert any(one[n].abs().max() > 0 for n in one if "lora_B" in n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["none", "fsdp2"])
+def test_micro_batches_by_tokens_line_up_over_processes(tmp_path, sharding):
+    """One process with short rows and one with long plan different numbers of micro-batches by
+    tokens; both run as many as the busier one (FSDP2 gathers in each), and the update is the one
+    one process makes with fixed micro-batches."""
+    # float64: the two sides' micro-batches differ, and float32 rounding, which Adam amplifies where
+    # a gradient is tiny, moves weights by ~1e-4 (measured on one process); in float64 by ~1e-13
+    one = launch(1, tmp_path / "one", "--uneven", "--float64")
+    two = launch(2, tmp_path / "two", "--uneven", "--by-tokens", "--float64", f"train.sharding={sharding}")
+    planned = [int((tmp_path / "two" / f"planned{rank}.txt").read_text()) for rank in (0, 1)]
+    forwards = [int((tmp_path / "two" / f"forwards{rank}.txt").read_text()) for rank in (0, 1)]
+    assert planned[0] == 1 < planned[1]  # the short rows fit one micro-batch, the long ones do not
+    assert forwards[0] == forwards[1] == 2 * planned[1]  # two PPO epochs, the short side split to match
+    assert one.keys() == two.keys() and one
+    for name in one:
+        assert_equal_in_float64(two[name], one[name], name)
     assert any(one[n].abs().max() > 0 for n in one if "lora_B" in n)
 
 

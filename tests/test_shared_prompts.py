@@ -17,13 +17,14 @@ PROMPTS = ["12+3=", "7*8=(1", "9"]  # different lengths: left padding
 RESPONSES = [["42", "7", "abc1"], ["5", "66", "x"], ["123", "", "9"]]  # different lengths: right padding
 
 
-def batch(tokenizer):
-    prompt_ids = [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS]
+def batch(tokenizer, prompts=PROMPTS, responses=RESPONSES):
+    """Rollouts of `responses[i]` (each ended by EOS) to `prompts[i]`, laid out as the engine lays them."""
+    prompt_ids = [tuple(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     eos = tokenizer.eos_token_id
     samples = [[Sample(tokenizer(r, add_special_tokens=False)["input_ids"] + [eos], True) for r in group]
-               for group in RESPONSES]
-    problems = [Problem(id=str(i), question=p, answer="1") for i, p in enumerate(PROMPTS)]
-    return rollouts_from_samples(tokenizer, prompt_ids, samples, problems, 3, [eos])
+               for group in responses]
+    problems = [Problem(id=str(i), question=p, answer="1") for i, p in enumerate(prompts)]
+    return rollouts_from_samples(tokenizer, prompt_ids, samples, problems, len(responses[0]), [eos])
 
 
 def forward_and_grads(model, rows, share):

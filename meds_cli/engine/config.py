@@ -161,6 +161,10 @@ class TrainConfig:
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)", at_least(0))
     micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
+    micro_batch_tokens: int = doc(0, "tokens (prompt + response, as padded) per forward/backward: rows of similar "
+                                  "length grouped, each micro-batch cut to its own longest prompt and response; a "
+                                  "row longer than this runs alone (0: micro_batch_size rows at the batch's width)",
+                                  at_least(0))
     mixed_precision: str = choice("auto", MIXED_PRECISION, "autocast: auto = the `accelerate launch` value, else "
                                   "bf16 on a GPU, no on CPU; weights stay in model.dtype")
     gradient_checkpointing: bool = doc(False, "recompute each decoder layer in the backward pass: activation memory "

@@ -26,6 +26,14 @@ from meds_cli.core.forward import (
 )
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
+from meds_cli.engine.training.micro_batches import (
+    even_out,
+    fixed_micro_batches,
+    micro_batch_inputs,
+    row_lengths,
+    to_width,
+    token_micro_batches,
+)
 
 SCORING_SETTINGS = ["auto", "always"]
 
@@ -157,33 +165,54 @@ def _shared_prompt_states(model, input_ids, attention_mask, prompt_width: int):
 def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_reference: bool, temperature: float = 1.0,
                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, wants_hidden_states: bool = False,
                    observe: Callable[[ForwardView], None] | None = None, disable_adapter=None, tokenizer=None,
-                   share_prompts: bool = False) -> None:
-    """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`."""
-    old, ent, ref = [], [], []
+                   share_prompts: bool = False, micro_batch_tokens: int = 0,
+                   most_over_processes: Callable[[int], int] = lambda count: count) -> None:
+    """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`.
+    `micro_batch_tokens`: micro-batches by tokens (engine/training/micro_batches.py), as many as
+    `most_over_processes` says the busiest process runs; not with `observe`, whose views are
+    slices of the batch at its width."""
+    size, width = rollouts.size, rollouts.response_ids.shape[1]
+    cut = micro_batch_tokens > 0 and observe is None
+    if cut:
+        lengths = row_lengths(rollouts.attention_mask, rollouts.prompt_width, rollouts.response_mask)
+        planned = token_micro_batches(*lengths, micro_batch_tokens)
+        batches = even_out(planned, most_over_processes(len(planned)))
+    else:
+        batches = fixed_micro_batches(list(range(size)), micro_batch_size)
+    old, ent, ref = {}, {}, {}
     device = next(model.parameters()).device
     logits_of = logit_function(model)
-    for start in range(0, rollouts.size, micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        ids = rollouts.input_ids[rows].to(device)
-        mask = rollouts.attention_mask[rows].to(device)
-        tokens = rollouts.response_ids[rows].to(device)
-        response_mask = rollouts.response_mask[rows].to(device)
-        logp, entropy, hidden, last = policy_forward(model, ids, mask, rollouts.prompt_width, tokens,
+    for batch in batches:
+        rows = list(batch.rows)
+        ids, mask, prompt_width, tokens, response_mask = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                                          for t in micro_batch_inputs(rollouts, rows, cut))
+        logp, entropy, hidden, last = policy_forward(model, ids, mask, prompt_width, tokens,
                                                      temperature=temperature, response_mask=response_mask,
                                                      chunk_tokens=chunk_tokens, hidden_states=wants_hidden_states,
                                                      share_prompts=share_prompts)
-        old.append(logp.cpu())
-        ent.append(entropy.cpu())
-        if observe is not None:
-            observe(ForwardView(rows=rows, hidden_states=hidden, model=model, tokenizer=tokenizer, device=device,
+        if batch.counts:
+            old[batch.rows], ent[batch.rows] = logp.cpu(), entropy.cpu()
+        if observe is not None:  # fixed micro-batches: consecutive rows
+            observe(ForwardView(rows=slice(rows[0], rows[-1] + 1), hidden_states=hidden, model=model,
+                                tokenizer=tokenizer, device=device,
                                 make_logits=lambda last=last: full_precision(logits_of(last))))
         if with_reference:
             with disable_adapter():
-                ref_logp, _, _, _ = policy_forward(model, ids, mask, rollouts.prompt_width, tokens,
+                ref_logp, _, _, _ = policy_forward(model, ids, mask, prompt_width, tokens,
                                                    temperature=temperature, response_mask=response_mask,
                                                    chunk_tokens=chunk_tokens, with_entropy=False,
                                                    share_prompts=share_prompts)
-            ref.append(ref_logp.cpu())
-    rollouts.old_logp = torch.cat(old)
-    rollouts.entropy = torch.cat(ent)
-    rollouts.ref_logp = torch.cat(ref) if with_reference else None
+            if batch.counts:
+                ref[batch.rows] = ref_logp.cpu()
+    rollouts.old_logp = _in_row_order(old, size, width)
+    rollouts.entropy = _in_row_order(ent, size, width)
+    rollouts.ref_logp = _in_row_order(ref, size, width) if with_reference else None
+
+
+def _in_row_order(parts: dict[tuple, torch.Tensor], size: int, width: int) -> torch.Tensor:
+    """[size, width] from each micro-batch's values (rows -> [b, w <= width]), zero-padded on the right."""
+    first = next(iter(parts.values()))
+    out = torch.zeros(size, width, dtype=first.dtype)
+    for rows, values in parts.items():
+        out[list(rows)] = to_width(values, width)
+    return out

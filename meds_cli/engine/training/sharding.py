@@ -266,6 +266,16 @@ def global_sum(accelerator, value: float) -> float:
     return float(accelerator.reduce(total, reduction="sum").item())
 
 
+def global_max(accelerator, value: float) -> float:
+    """The largest `value` over every process (the value itself with one process): counts that
+    every process must run alike, such as the update's micro-batches."""
+    if accelerator.num_processes == 1:
+        return float(value)
+    top = torch.tensor([float(value)], device=accelerator.device)
+    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)  # Accelerate's reduce has no max
+    return float(top.item())
+
+
 BARRIER_SETTLE_S = 0.5
 
 

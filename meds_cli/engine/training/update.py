@@ -12,6 +12,7 @@ accumulation) are refused before the model loads (engine/training/sharding.py).
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,6 +24,16 @@ from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training import sharding
 from meds_cli.engine.training.importance import is_correction_weights
 from meds_cli.engine.training.metrics import mean_of
+from meds_cli.engine.training.micro_batches import (
+    MicroBatch,
+    even_out,
+    fixed_micro_batches,
+    micro_batch_inputs,
+    over_budget,
+    row_lengths,
+    to_width,
+    token_micro_batches,
+)
 from meds_cli.engine.training.precision import low_precision_training_warning
 from meds_cli.engine.training.scoring import policy_forward, scoring_temperature
 
@@ -53,6 +64,7 @@ class UpdateSettings:
     grad_clip: float
     norm_length: int  # the length a fixed-length loss aggregation divides by
     share_prompts: bool
+    micro_batch_tokens: int = 0  # 0: micro_batch_size rows at the batch's width (engine/training/micro_batches.py)
 
     @classmethod
     def from_config(cls, cfg, world: int, share_prompts: bool) -> UpdateSettings:
@@ -61,7 +73,7 @@ class UpdateSettings:
                    temperature=scoring_temperature(cfg.rollout.temperature),
                    chunk_tokens=cfg.train.logprob_chunk_tokens, is_correction=cfg.rollout.is_correction,
                    tis_cap=cfg.rollout.tis_cap, grad_clip=cfg.optim.grad_clip, norm_length=cfg.rollout.max_new_tokens,
-                   share_prompts=share_prompts)
+                   share_prompts=share_prompts, micro_batch_tokens=cfg.train.micro_batch_tokens)
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -133,18 +145,20 @@ def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSetting
             total_tokens = max(sharding.global_sum(acc, mask[rows].sum().item()), 1.0)
             total_seqs = max(sharding.global_sum(acc, len(rows)), 1.0)
             step_loss = 0.0
-            micro = settings.micro_batch_size
-            chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
+            chunks = plan_micro_batches(batch, rows, settings, acc)
             for k, chunk in enumerate(chunks):
                 last = k == len(chunks) - 1
                 sync = nullcontext() if last or policy.sharded is not None else acc.no_sync(model)
                 with sync:
-                    loss, s = micro_batch_loss(model, algo, batch, chunk, mask, settings, acc, own_old,
-                                               total_tokens=total_tokens, total_seqs=total_seqs)
+                    loss, s = micro_batch_loss(model, algo, batch, list(chunk.rows), mask, settings, acc,
+                                               own_old and chunk.counts, total_tokens=total_tokens,
+                                               total_seqs=total_seqs)
+                    loss = loss if chunk.counts else loss * 0.0  # a stand-in that lines up collectives
                     # DDP and FSDP2 average gradients over processes; the normalisers are global already.
                     acc.backward(loss * world)
                 step_loss += loss.item()
-                stats.append(s)
+                if chunk.counts:
+                    stats.append(s)
             acc.unscale_gradients()  # fp16's loss scale, before the norm is measured
             grad_norms.append(float(sharding.clip_gradients(params, settings.grad_clip)))
             losses.append(step_loss)
@@ -158,6 +172,29 @@ def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSetting
     return out
 
 
+_warned_over_budget = False
+
+
+def plan_micro_batches(batch: Rollouts, rows: list[int], settings: UpdateSettings, acc) -> list[MicroBatch]:
+    """The micro-batches of mini-batch `rows`: micro_batch_size rows at a time, or by tokens
+    (micro_batch_tokens), as many on every process as on the one that needs the most."""
+    if not settings.micro_batch_tokens:
+        return fixed_micro_batches(rows, settings.micro_batch_size)
+    budget = settings.micro_batch_tokens
+    prompt_lengths, response_lengths = row_lengths(batch.attention_mask[rows], batch.prompt_width,
+                                                   batch.response_mask[rows])
+    longer = over_budget(prompt_lengths, response_lengths, budget)
+    global _warned_over_budget
+    if longer and not _warned_over_budget and acc.is_main_process:
+        _warned_over_budget = True
+        longest = max(prompt_lengths[i] + response_lengths[i] for i in longer)
+        print(f"warning: {len(longer)} rows (the longest {longest} tokens) are longer than "
+              f"train.micro_batch_tokens={budget}: each runs in a micro-batch of its own (said once)", file=sys.stderr)
+    planned = [MicroBatch(tuple(rows[i] for i in m.rows)) for m in
+               token_micro_batches(prompt_lengths, response_lengths, budget)]
+    return even_out(planned, int(sharding.global_max(acc, len(planned))))
+
+
 def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch.Tensor, settings: UpdateSettings,
                      acc, own_old: bool, *, total_tokens: float, total_seqs: float) -> tuple[torch.Tensor, dict]:
     """The loss of rows `chunk`, normalised by the mini-batch's global counts, and its statistics.
@@ -165,16 +202,21 @@ def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch
     detached, become the batch's old log-probs and its entropy the batch's entropy."""
     device = acc.device
     bonus = algo.entropy_coef > 0  # the entropy bonus needs the entropy with its gradient
+    ids, attention, prompt_width, tokens, response_mask = micro_batch_inputs(batch, chunk,
+                                                                             cut=settings.micro_batch_tokens > 0)
     with acc.autocast():
         logp, entropy, _, _ = policy_forward(
-            model, batch.input_ids[chunk].to(device), batch.attention_mask[chunk].to(device),
-            batch.prompt_width, batch.response_ids[chunk].to(device), temperature=settings.temperature,
-            response_mask=batch.response_mask[chunk].to(device), chunk_tokens=settings.chunk_tokens,
-            with_entropy=own_old, share_prompts=settings.share_prompts, entropy_grad=bonus)
+            model, ids.to(device), attention.to(device), prompt_width, tokens.to(device),
+            temperature=settings.temperature, response_mask=response_mask.to(device),
+            chunk_tokens=settings.chunk_tokens, with_entropy=own_old, share_prompts=settings.share_prompts,
+            entropy_grad=bonus)
+    width = batch.response_ids.shape[1]  # a cut micro-batch's values, padded back to the batch's width
+    logp = to_width(logp, width)
+    entropy = to_width(entropy, width) if entropy is not None else None
     if own_old:
         old = logp.detach()
-        batch.entropy[chunk] = entropy.detach().cpu()
-        batch.old_logp[chunk] = old.float().cpu()
+        batch.entropy[chunk] = entropy.detach().cpu().to(batch.entropy.dtype)
+        batch.old_logp[chunk] = old.cpu().to(batch.old_logp.dtype)
     else:
         old = batch.old_logp[chunk].to(device)
     ref = batch.ref_logp[chunk].to(device) if batch.ref_logp is not None else None

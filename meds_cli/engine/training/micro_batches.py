@@ -1,0 +1,112 @@
+"""Micro-batches: which rows of a mini-batch run in one forward/backward, and at what width.
+
+With `train.micro_batch_tokens` 0, `micro_batch_size` consecutive rows at the whole batch's
+width (the prompt padded to the batch's longest prompt, the response to its longest response).
+With a token budget, rows of similar length run together and each micro-batch is cut to its own
+longest prompt and response: one response at the length limit then widens only its own
+micro-batch, not every one (verl's dynamic batch size, `ppo_max_token_len_per_gpu`, does the same).
+The loss is normalised by the mini-batch's global counts either way, so the grouping changes only
+the padding, never the update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: tuple[int, ...]
+    counts: bool = True  # False: run only so that every process makes the same collectives; its loss weighs 0
+
+
+def fixed_micro_batches(rows: list[int], size: int) -> list[MicroBatch]:
+    """`size` consecutive rows at a time (train.micro_batch_tokens 0)."""
+    return [MicroBatch(tuple(rows[i:i + size])) for i in range(0, len(rows), size)]
+
+
+def row_lengths(attention_mask: torch.Tensor, prompt_width: int, response_mask: torch.Tensor) -> tuple[list, list]:
+    """(prompt lengths, response lengths) of each row, as a cut must keep them: the prompt from its
+    first attended column (prompts are left-padded) to the prompt width, the response up to its
+    last masked-in token (what comes after it cannot change the earlier positions' log-probs)."""
+    prompt = attention_mask[:, :prompt_width] != 0
+    first = prompt.int().argmax(-1)
+    prompt_lengths = torch.where(prompt.any(-1), prompt_width - first, 0)
+    response = response_mask != 0
+    last = response.shape[1] - 1 - response.flip(-1).int().argmax(-1)
+    response_lengths = torch.where(response.any(-1), last + 1, 0)
+    return prompt_lengths.tolist(), response_lengths.tolist()
+
+
+def token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[MicroBatch]:
+    """Positions 0..n-1 grouped so that each group costs at most `budget` tokens, a group costing
+    its rows x (its longest prompt + its longest response), as it runs padded. Rows go longest
+    first (ties in order, so the rows of a group of equal length stay together for shared
+    prompts), each added to the open group while the cost stays within budget; a row longer than
+    the budget gets a group of its own (`over_budget` names them)."""
+    order = sorted(range(len(prompt_lengths)), key=lambda i: (-(prompt_lengths[i] + response_lengths[i]), i))
+    groups, current, prompt, response = [], [], 0, 0
+    for i in order:
+        wider_prompt, wider_response = max(prompt, prompt_lengths[i]), max(response, response_lengths[i])
+        if current and (len(current) + 1) * (wider_prompt + wider_response) > budget:
+            groups.append(MicroBatch(tuple(current)))
+            current, wider_prompt, wider_response = [], prompt_lengths[i], response_lengths[i]
+        current.append(i)
+        prompt, response = wider_prompt, wider_response
+    if current:
+        groups.append(MicroBatch(tuple(current)))
+    return groups
+
+
+def over_budget(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[int]:
+    """The positions whose row alone is longer than `budget` tokens."""
+    return [i for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)) if p + r > budget]
+
+
+def even_out(micro_batches: list[MicroBatch], count: int) -> list[MicroBatch]:
+    """`micro_batches` made `count` long, for processes that must run the same number of forwards
+    and backwards (FSDP2 gathers and reduces in each): the one with the most rows is split in two
+    (its longer half first) until there are `count`; where every one is down to a single row,
+    zero-weight repeats of the last row make up the rest."""
+    out = list(micro_batches)
+    if not out:
+        raise ValueError("even_out needs at least one micro-batch to run")
+    while len(out) < count:
+        widest = max(range(len(out)), key=lambda k: (len(out[k].rows), -k))
+        rows = out[widest].rows
+        if len(rows) == 1:
+            out += [MicroBatch(out[-1].rows[-1:], counts=False)] * (count - len(out))
+            break
+        half = (len(rows) + 1) // 2
+        out[widest:widest + 1] = [MicroBatch(rows[:half]), MicroBatch(rows[half:])]
+    return out
+
+
+def cut_to_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, response_ids: torch.Tensor,
+                response_mask: torch.Tensor, prompt_length: int, response_length: int):
+    """(input_ids, attention_mask, prompt width, response_ids, response_mask) of some rows cut to
+    `prompt_length` prompt columns (the last ones: prompts are left-padded) and `response_length`
+    response columns (the first ones). Only padding is removed, so the forward gives the same
+    log-probs at the kept positions."""
+    columns = slice(prompt_width - prompt_length, prompt_width + response_length)
+    return (input_ids[:, columns], attention_mask[:, columns], prompt_length, response_ids[:, :response_length],
+            response_mask[:, :response_length])
+
+
+def micro_batch_inputs(rollouts, rows: list[int], cut: bool):
+    """(input_ids, attention_mask, prompt width, response_ids, response_mask) of `rows`: at the
+    batch's width, or (`cut`) at the rows' own longest prompt and response (at least one response
+    column, so the forward has a position to score)."""
+    inputs = (rollouts.input_ids[rows], rollouts.attention_mask[rows], rollouts.prompt_width,
+              rollouts.response_ids[rows], rollouts.response_mask[rows])
+    if not cut:
+        return inputs
+    prompt_lengths, response_lengths = row_lengths(inputs[1], rollouts.prompt_width, inputs[4])
+    return cut_to_rows(*inputs, max(prompt_lengths), max(1, max(response_lengths)))
+
+
+def to_width(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, r] per-response-token values zero-padded on the right to [b, width] (the batch's width)."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
