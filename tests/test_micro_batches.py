@@ -184,3 +184,30 @@ def test_rows_longer_than_the_budget_are_said_once(monkeypatch, capsys):
     assert plans[0] == plans[1]
     assert {m.rows for m in plans[0] if len(m.rows) == 1} == {(0,), (3,), (5,)}
     assert sorted(r for m in plans[0] for r in m.rows) == list(range(8))
+
+
+def test_the_trainers_scoring_pass_cuts_by_tokens(tmp_path, monkeypatch):
+    """The loop's scoring pass gets the budget, and without an algorithm reading the pass (GRPO)
+    no observer, so the pass really cuts; the scores equal the fixed-size pass's."""
+    import meds_cli.engine.trainer as trainer_module
+
+    calls = []
+    real_score = trainer_module.score_rollouts
+
+    def recording_score(*args, **kwargs):
+        calls.append(kwargs)
+        return real_score(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "score_rollouts", recording_score)
+    logps = []
+    for budget in (0, 64):
+        cfg = tiny_config("algo.name=grpo", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                          "train.scoring_pass=always", f"train.micro_batch_tokens={budget}",
+                          output_dir=tmp_path / f"run{budget}")
+        trainer = Trainer(cfg, tmp_path / f"run{budget}")
+        batch, _, _ = trainer.collect({"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0})
+        logps.append(batch.old_logp)
+    assert [c["micro_batch_tokens"] for c in calls] == [0, 64]
+    assert all(c["observe"] is None for c in calls)
+    assert calls[1]["most_over_processes"](3) == 3  # one process: its own count
+    torch.testing.assert_close(logps[0], logps[1], rtol=0, atol=1e-5)

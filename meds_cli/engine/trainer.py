@@ -195,9 +195,12 @@ class Trainer:
                            temperature=scoring_temperature(cfg.rollout.temperature),
                            chunk_tokens=cfg.train.logprob_chunk_tokens,
                            wants_hidden_states=self.forward_needs.hidden_states,
-                           observe=lambda view: algo.observe_forward(batch, view),
+                           # only an algorithm that reads the pass watches it (its views are the batch's width)
+                           observe=(lambda view: algo.observe_forward(batch, view)) if self.forward_needs.view else None,
                            disable_adapter=self.reference,
-                           tokenizer=self.tokenizer, share_prompts=self.share_prompts)
+                           tokenizer=self.tokenizer, share_prompts=self.share_prompts,
+                           micro_batch_tokens=cfg.train.micro_batch_tokens,
+                           most_over_processes=self.collectives.max)  # every process runs as many forwards
         timing["time_score_s"] += time.perf_counter() - t0
 
     def _warn_if_short(self, info: dict) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from meds_cli.engine.training.sharding import global_sum
+from meds_cli.engine.training.sharding import global_max, global_sum
 
 
 class Collectives:
@@ -28,6 +28,9 @@ class Collectives:
 
     def sum(self, value: float) -> float:
         return global_sum(self.acc, value)
+
+    def max(self, value: int) -> int:
+        return int(global_max(self.acc, value))
 
     def mean_of_numbers(self, row: dict) -> dict:
         """`row` with each number except the step averaged over processes (one reduce, keys sorted
