@@ -190,13 +190,14 @@ class Trainer:
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()
+        # only an algorithm that reads the pass watches it (its views are slices at the batch's width)
+        observe = (lambda view: algo.observe_forward(batch, view)) if self.forward_needs.view else None
         with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
             score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
                            temperature=scoring_temperature(cfg.rollout.temperature),
                            chunk_tokens=cfg.train.logprob_chunk_tokens,
                            wants_hidden_states=self.forward_needs.hidden_states,
-                           # only an algorithm that reads the pass watches it (its views are the batch's width)
-                           observe=(lambda view: algo.observe_forward(batch, view)) if self.forward_needs.view else None,
+                           observe=observe,
                            disable_adapter=self.reference,
                            tokenizer=self.tokenizer, share_prompts=self.share_prompts,
                            micro_batch_tokens=cfg.train.micro_batch_tokens,
