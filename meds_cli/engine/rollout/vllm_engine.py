@@ -43,14 +43,9 @@ import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
+from meds_cli.engine.model_io.model import DTYPES
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
-from meds_cli.engine.rollout.weight_sync import (
-    adapter_weights,
-    merged_weights,
-    process_rank,
-    torch_dtype,
-    wait_for_processes,
-)
+from meds_cli.engine.rollout.weight_sync import adapter_weights, merged_weights, process_rank, wait_for_processes
 
 # vLLM platforms (current_platform.device_type) where `seed_per_request: auto` asks for groups
 BATCHED_SAMPLING_PLATFORMS = ("cuda",)
@@ -326,7 +321,8 @@ class VLLMEngine:
             self._push_adapter()
         else:
             # One FSDP2 unit at a time, cast to vLLM's dtype: never the whole model at once (weight_sync.py).
-            self._load_weights(merged_weights(self.policy, torch_dtype(self.options.dtype)))
+            dtype = DTYPES[self.options.dtype]  # "auto": vLLM keeps the checkpoint's, the weights are sent as they are
+            self._load_weights(merged_weights(self.policy, None if dtype == "auto" else dtype))
             self.llm.reset_prefix_cache()
         self.engine_version = self.policy_version
 
