@@ -35,6 +35,8 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, replace
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterable, Sequence
@@ -388,13 +390,7 @@ class VLLMEngine:
         consecutive items with the same prompt (a request's group) with no seed of its own."""
         if self.per_sample_seeds:
             return [(ids, 1, int(seed)) for ids, seed in items]
-        runs: list[list] = []
-        for ids, _ in items:
-            if runs and runs[-1][0] == ids:
-                runs[-1][1] += 1
-            else:
-                runs.append([ids, 1])
-        return [(ids, n, None) for ids, n in runs]
+        return [(ids, len(list(run)), None) for ids, run in groupby(items, key=itemgetter(0))]
 
     def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
