@@ -56,7 +56,7 @@ def test_rows_that_end_cost_no_extra_reads():
 def test_choosing_a_token_reads_nothing_back():
     logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(0))
     uniforms = torch.rand(8, generator=torch.Generator().manual_seed(1))
-    uniforms[0] = 1 - 2 ** -24  # u * mass rounds to the whole mass: the fallback to the most likely token
+    uniforms[0] = 1 - 2 ** -24  # u * mass rounds to the whole mass: the draw held below it
     for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (0.0, 1.0)):
         with HostSyncs() as syncs:
             choose_tokens(logits, uniforms, temperature, top_p)

@@ -371,6 +371,7 @@ def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_
 
 
 def test_the_processes_of_one_tensor_parallel_group_share_an_engine_seed(tmp_path, monkeypatch):
+    from benchmarks.tasks import build_task
     from meds_cli.engine.model_io.tiny import tiny_tokenizer
     from meds_cli.engine.rollout import engines, vllm_engine
 
@@ -383,9 +384,10 @@ def test_the_processes_of_one_tensor_parallel_group_share_an_engine_seed(tmp_pat
     monkeypatch.setattr(engines, "tensor_parallel_gather", lambda size: None)
     cfg = load_config(overrides=["rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2", "train.seed=10",
                                  f"model.name={model_dir}"])
+    task = build_task(cfg.task, cfg.train.seed)
     for rank in range(4):
-        engines.make_engine(cfg, _policy(), tiny_tokenizer(), scratch_dir=tmp_path / f"rank-{rank}", processes=4,
-                            rank=rank)
+        engines.make_engine(cfg, _policy(), tiny_tokenizer(), task=task, scratch_dir=tmp_path / f"rank-{rank}",
+                            processes=4, rank=rank)
     assert [e[1]["seed"] for e in events if e[0] == "init"] == [10, 10, 11, 11]  # TRL's rank // tp
 
 

@@ -115,6 +115,7 @@ def test_max_model_len_defaults_to_what_the_run_asks_for_and_the_batch_budget_is
 
 
 def _training_engine(tmp_path, monkeypatch, *overrides):
+    from benchmarks.tasks import build_task
     from meds_cli.engine.model_io.tiny import tiny_tokenizer
     from meds_cli.engine.rollout import engines, vllm_engine
     from tests.test_vllm_engine import _policy
@@ -128,7 +129,8 @@ def _training_engine(tmp_path, monkeypatch, *overrides):
     cfg = load_config(overrides=["rollout.engine=vllm", f"model.name={model_dir}", "task.name=arithmetic",
                                  "rollout.max_new_tokens=100", "rollout.vllm.sleep_level=0", *overrides])
     tokenizer = tiny_tokenizer()
-    engines.make_engine(cfg, _policy(), tokenizer, scratch_dir=tmp_path / "scratch")
+    engines.make_engine(cfg, _policy(), tokenizer, task=build_task(cfg.task, cfg.train.seed),
+                        scratch_dir=tmp_path / "scratch")
     return cfg, tokenizer, built[0].kwargs
 
 

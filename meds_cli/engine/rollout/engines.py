@@ -37,7 +37,7 @@ class EngineKind:
     unavailable()  why it cannot run on this machine, or None when it can
     preferred()    `auto` picks it here
     check(cfg)     raises UserError for settings of the run config the engine would refuse
-    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=) -> RolloutEngine
+    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=, task=) -> RolloutEngine
     for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
     """
 
@@ -84,10 +84,9 @@ def check_engine_settings(cfg) -> None:
     ROLLOUT_ENGINES.get(resolve_engine(AUTO) if name == AUTO else name).check(cfg)
 
 
-def make_engine(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0,
-                task=None) -> RolloutEngine:
+def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
     """The rollout engine of `rollout.engine` for the training model `model` (unwrapped); `task`:
-    the run's task, whose prompts size what an engine reserves (built from cfg.task where None)."""
+    the run's task, whose prompts size what an engine reserves."""
     kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
     return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
                              task=task)
@@ -150,13 +149,10 @@ def _vllm_model_len(cfg, tokenizer, task) -> int:
     never makes."""
     if cfg.rollout.vllm.max_model_len:
         return cfg.rollout.vllm.max_model_len
-    from benchmarks.tasks import build_task
-
-    task = task if task is not None else build_task(cfg.task, cfg.train.seed)
     return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
 
 
-def _vllm_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0, task=None):
+def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
     if cfg.model.name == TINY:

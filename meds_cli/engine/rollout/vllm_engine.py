@@ -35,6 +35,8 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, replace
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterable, Sequence
@@ -43,14 +45,9 @@ import torch
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
+from meds_cli.engine.model_io.model import DTYPES
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
-from meds_cli.engine.rollout.weight_sync import (
-    adapter_weights,
-    merged_weights,
-    process_rank,
-    torch_dtype,
-    wait_for_processes,
-)
+from meds_cli.engine.rollout.weight_sync import adapter_weights, merged_weights, process_rank, wait_for_processes
 
 # vLLM platforms (current_platform.device_type) where `seed_per_request: auto` asks for groups
 BATCHED_SAMPLING_PLATFORMS = ("cuda",)
@@ -326,7 +323,8 @@ class VLLMEngine:
             self._push_adapter()
         else:
             # One FSDP2 unit at a time, cast to vLLM's dtype: never the whole model at once (weight_sync.py).
-            self._load_weights(merged_weights(self.policy, torch_dtype(self.options.dtype)))
+            dtype = DTYPES[self.options.dtype]  # "auto": vLLM keeps the checkpoint's, the weights are sent as they are
+            self._load_weights(merged_weights(self.policy, None if dtype == "auto" else dtype))
             self.llm.reset_prefix_cache()
         self.engine_version = self.policy_version
 
@@ -392,13 +390,7 @@ class VLLMEngine:
         consecutive items with the same prompt (a request's group) with no seed of its own."""
         if self.per_sample_seeds:
             return [(ids, 1, int(seed)) for ids, seed in items]
-        runs: list[list] = []
-        for ids, _ in items:
-            if runs and runs[-1][0] == ids:
-                runs[-1][1] += 1
-            else:
-                runs.append([ids, 1])
-        return [(ids, n, None) for ids, n in runs]
+        return [(ids, len(list(run)), None) for ids, run in groupby(items, key=itemgetter(0))]
 
     def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api

@@ -18,12 +18,6 @@ import torch
 from torch import nn
 
 
-def torch_dtype(name: str) -> torch.dtype | None:
-    """The torch dtype of an engine dtype setting ('bfloat16', 'float16', 'float32'); None for
-    'auto' (the weights keep their own)."""
-    return None if name == "auto" else getattr(torch, name)
-
-
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A parameter's whole value, detached: an FSDP2 shard (DTensor) is gathered from every
     process (a collective: every process calls it), any other tensor is itself."""
