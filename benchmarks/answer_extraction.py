@@ -17,6 +17,7 @@ decimal is written, for `number_match`'s rounding rule.
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from benchmarks.latex_forms import plain_latex
 
@@ -246,6 +247,14 @@ def read_number_literal(text: str | None) -> NumberLiteral | None:
     """
     if text is None or len(text) > _MAX_LITERAL_CHARS:
         return None
+    return _read_short_literal(text)
+
+
+# Grading reads the same text many times (a gold answer once per sample, an answer in each reader
+# it goes through); NumberLiteral is immutable, so one reading per distinct text serves them all.
+@lru_cache(maxsize=4096)
+def _read_short_literal(text: str) -> NumberLiteral | None:
+    """read_number_literal of a text within _MAX_LITERAL_CHARS."""
     text = _bare_number_text(text)
     if text is None:
         return None
