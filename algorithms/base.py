@@ -258,6 +258,8 @@ class OnBase(Algorithm):
     def __init__(self, config, context: AlgorithmContext, base: Algorithm):
         super().__init__(config, context)
         self.base = base
+        # the diagnostics of this step, which a shaping hook sets; step_metrics adds them to the base's
+        self._metrics: dict[str, float] = {}
 
     uses_reference = property(lambda self: self.base.uses_reference)
     loss_agg = property(lambda self: self.base.loss_agg)
@@ -303,7 +305,7 @@ class OnBase(Algorithm):
         self.base.on_step_end(rollouts, step)
 
     def step_metrics(self, rollouts):
-        return self.base.step_metrics(rollouts)
+        return {**self.base.step_metrics(rollouts), **self._metrics}
 
     def state_dict(self):
         return {"base": self.base.state_dict()}
@@ -314,6 +316,16 @@ class OnBase(Algorithm):
     @property
     def config_sections(self):
         return [self.name] + self.base.config_sections
+
+
+def correct_mask(rollouts: Rollouts) -> torch.Tensor:
+    """[B] bool: the responses the grader found correct."""
+    return torch.tensor([bool(v.correct) for v in rollouts.verdicts], dtype=torch.bool)
+
+
+def mean_where(values: torch.Tensor, where: torch.Tensor) -> float:
+    """Mean of values[where] for a diagnostic: 0.0 when nothing is selected (not NaN)."""
+    return values[where].mean().item() if where.any() else 0.0
 
 
 def compose_algorithm(name: str, base: str, sections: Mapping[str, Any], context: AlgorithmContext) -> Algorithm:

@@ -33,7 +33,7 @@ from typing import Hashable, Sequence
 import torch
 
 from algorithms.answer_groups import EQUIVALENCE_MODES, answer_classes
-from algorithms.base import OnBase, register
+from algorithms.base import OnBase, correct_mask, mean_where, register
 from meds_cli.core.fields import at_least, choice, doc, greater_than
 from meds_cli.core.records import MATH_OUTCOMES  # any other verdict outcome is a code run's class
 from meds_cli.core.rollouts import group_slices
@@ -246,12 +246,12 @@ class EDAS(OnBase):
             raise ValueError("EDAS shapes sequence-level advantages [B]; the base returned per-token ones")
         cfg = self.config
         scale = warmup_factor(self.steps_done + 1, cfg.warmup_steps)
-        wrong = torch.tensor([not v.correct for v in rollouts.verdicts], dtype=torch.bool)
+        wrong = ~correct_mask(rollouts)
         classes = error_classes(rollouts.verdicts, cfg.equivalence, rollouts.group_size)
         shaped, facts = edas_advantages(advantages, wrong, classes, rollouts.group_size,
                                         cfg.alpha * scale, cfg.beta * scale, cfg.kappa, cfg.clip,
                                         cfg.all_wrong_penalty * scale)
-        self._last = {**facts, "wrong": wrong, "scale": scale}
+        self._last = {**facts, "scale": scale}
         return shaped
 
     def keep_groups(self, rollouts):
@@ -284,8 +284,8 @@ class EDAS(OnBase):
             "edas/case_single_share": cases.count("single") / n,
             "edas/case_diverse_share": cases.count("diverse") / n,
             "edas/case_all_wrong_share": cases.count("all_wrong") / n,
-            "edas/delta_abs_mean": facts["delta"][shaped].abs().mean().item() if shaped.any() else 0.0,
-            "edas/clipped_share": facts["clipped"][shaped].float().mean().item() if shaped.any() else 0.0,
+            "edas/delta_abs_mean": mean_where(facts["delta"].abs(), shaped),
+            "edas/clipped_share": mean_where(facts["clipped"].float(), shaped),
             "edas/warmup_factor": facts["scale"],
         })
         return metrics

@@ -60,7 +60,6 @@ class OutcomeUCB(OnBase):
     def __init__(self, config, context, base):
         super().__init__(config, context, base)
         self.counts: dict[str, Counter] = {}  # prompt id -> answer key -> times seen
-        self._last: dict[str, float] = {}
 
     def shape_rewards(self, rollouts):
         self.base.shape_rewards(rollouts)
@@ -76,12 +75,10 @@ class OutcomeUCB(OnBase):
             penalty[rows] = torch.tensor(repetition_penalties(answers, cfg.batch_coef))
             distinct.append(len({a for a in answers if a is not None}))
         rollouts.rewards = rollouts.rewards.float() + bonus - penalty
-        self._last = {"outcome-ucb/bonus_mean": bonus.mean().item(), "outcome-ucb/penalty_mean": penalty.mean().item(),
-                      "outcome-ucb/reweighted": float(((bonus - penalty) != 0).sum()),
-                      "outcome-ucb/distinct_answers_mean": sum(distinct) / max(len(distinct), 1)}
-
-    def step_metrics(self, rollouts):
-        return {**super().step_metrics(rollouts), **self._last}
+        self._metrics = {"outcome-ucb/bonus_mean": bonus.mean().item(),
+                         "outcome-ucb/penalty_mean": penalty.mean().item(),
+                         "outcome-ucb/reweighted": float(((bonus - penalty) != 0).sum()),
+                         "outcome-ucb/distinct_answers_mean": sum(distinct) / max(len(distinct), 1)}
 
     def state_dict(self):
         return {**super().state_dict(), "counts": {k: dict(v) for k, v in self.counts.items()}}

@@ -27,6 +27,11 @@ def register_policy_loss(name: str, description: str):
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
+def _token_advantages(advantages):
+    """Advantages that broadcast over tokens: sequence-level ones [b] as [b, 1], per-token [b, R] as they are."""
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+
+
 def clipped_surrogate(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=None):
     """PPO clipped surrogate per token, with clip-higher and an optional dual clip.
 
@@ -37,13 +42,20 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=
     'clip_low' (A<0, ratio below 1-clip_low), 'clip_high' (A>0, ratio above 1+clip_high),
     'clip_dual' (A<0, dual clip active), and 'ratio_mean'.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
+    loss, stats, _ = _surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    return loss, stats
+
+
+def _surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c):
+    """clipped_surrogate's (loss, stats), and [B, R] bool: where the PPO clip sets the loss
+    (-A*clip(ratio) above -A*ratio, before any dual clip), which Clip-Cov reads."""
+    advantages = _token_advantages(advantages)
     log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)
+    clip_active = clipped > unclipped
     dual_active = torch.zeros_like(loss, dtype=torch.bool)
     if clip_ratio_c is not None:
         dual = -advantages * clip_ratio_c
@@ -61,7 +73,7 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=
             # updates have moved the policy from the one that sampled the batch.
             "ppo_kl": (-log_ratio * mask).sum() / denom,
         }
-    return loss, stats
+    return loss, stats, clip_active
 
 
 def kl_cov_select(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -72,7 +84,7 @@ def kl_cov_select(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tens
     n = int(valid.sum())
     if n == 0 or ratio <= 0:
         return selected
-    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp)
+    adv = _token_advantages(advantages).expand_as(logp)
     a, lp = adv.detach()[valid], logp.detach()[valid]
     cov = (a - a.mean()) * (lp - lp.mean())
     k = max(1, int(n * ratio))
@@ -87,7 +99,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask, ratio, kl_cov_coef, clip_low=0
     the clipped surrogate; stats add 'kl_cov_share', the share of valid tokens selected."""
     loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
     selected = kl_cov_select(advantages, logp, mask, ratio)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    adv = _token_advantages(advantages)
     log_ratio = logp - old_logp
     penalised = -adv * torch.exp(torch.clamp(log_ratio, -20.0, 20.0)) + kl_cov_coef * log_ratio.abs()
     loss = torch.where(selected, penalised, loss)
@@ -105,7 +117,7 @@ def clip_cov_select(advantages, logp, mask, clipped, ratio: float, lower: float,
     n = int(valid.sum())
     if n == 0:
         return selected
-    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp).detach()
+    adv = _token_advantages(advantages).expand_as(logp).detach()
     lp = logp.detach()
     # means over the mask as verl's masked_mean computes them (its 1e-8 in the denominator)
     cov = (adv - (adv * mask).sum() / (mask.sum() + 1e-8)) * (lp - (lp * mask).sum() / (mask.sum() + 1e-8))
@@ -121,11 +133,8 @@ def clip_cov_loss(logp, old_logp, advantages, mask, ratio, lower, upper, clip_lo
                   clip_ratio_c=None):
     """Per-token loss [b, R]: the clipped surrogate with the tokens clip_cov_select picks set to 0
     (no gradient through them); stats add 'clip_cov_share', the share of valid tokens detached."""
-    loss, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    ratio_t = torch.exp(torch.clamp(logp - old_logp, -20.0, 20.0))
-    clipped = (-adv * torch.clamp(ratio_t, 1.0 - clip_low, 1.0 + clip_high)) > (-adv * ratio_t)
-    selected = clip_cov_select(advantages, logp, mask, clipped.detach(), ratio, lower, upper)
+    loss, stats, clipped = _surrogate(logp, old_logp, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    selected = clip_cov_select(advantages, logp, mask, clipped, ratio, lower, upper)
     loss = torch.where(selected, torch.zeros_like(loss), loss)
     stats["clip_cov_share"] = selected.sum() / (mask > 0).sum().clamp(min=1)
     return loss, stats

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms.base import OnBase, register
+from algorithms.base import OnBase, correct_mask, mean_where, register
 from meds_cli.core.fields import Check, doc
 from meds_cli.core.forward import ForwardNeeds
 
@@ -57,10 +57,6 @@ class Unlikeliness(OnBase):
     bases = ("grpo", "dapo")
     shapes_rewards = True
 
-    def __init__(self, config, context, base):
-        super().__init__(config, context, base)
-        self._last: dict[str, float] = {}
-
     def forward_needs(self, num_layers, records_lens):
         # the scoring pass's old log-probs, read in shape_rewards
         return super().forward_needs(num_layers, records_lens).merged(ForwardNeeds(view="shaping"))
@@ -69,14 +65,11 @@ class Unlikeliness(OnBase):
         self.base.shape_rewards(rollouts)
         if rollouts.old_logp is None:
             raise RuntimeError("unlikeliness needs the scoring pass's log-probs before shape_rewards")
-        correct = torch.tensor([bool(v.correct) for v in rollouts.verdicts], dtype=torch.bool)
+        correct = correct_mask(rollouts)
         before = rollouts.rewards.float()
         rollouts.rewards = unlikeliness_rewards(before, correct, sequence_logprob(rollouts.old_logp,
                                                                                   rollouts.response_mask),
                                                 rollouts.group_size, self.config.rank_penalty)
         lowered = before - rollouts.rewards
-        self._last = {"unlikeliness/reweighted": float((lowered != 0).sum()),
-                      "unlikeliness/penalty_mean": lowered[correct].mean().item() if correct.any() else 0.0}
-
-    def step_metrics(self, rollouts):
-        return {**super().step_metrics(rollouts), **self._last}
+        self._metrics = {"unlikeliness/reweighted": float((lowered != 0).sum()),
+                         "unlikeliness/penalty_mean": mean_where(lowered, correct)}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms.base import OnBase, register
+from algorithms.base import OnBase, correct_mask, mean_where, register
 from meds_cli.core.fields import Check, doc
 
 
@@ -42,22 +42,14 @@ class WReinforce(OnBase):
     bases = ("grpo", "dapo")
     replaces_advantages = True
 
-    def __init__(self, config, context, base):
-        super().__init__(config, context, base)
-        self._last: dict[str, float] = {}
-
     def compute_advantages(self, rollouts):
-        correct = torch.tensor([bool(v.correct) for v in rollouts.verdicts], dtype=torch.bool)
+        correct = correct_mask(rollouts)
         ctx = self.context
         advantages = w_reinforce_advantages(rollouts.rewards, correct, self.config.positive_weight,
                                             ctx.reward_correct, ctx.reward_wrong)
-        wrong = ~correct
-        self._last = {
+        self._metrics = {
             "w-reinforce/reweighted": float(correct.sum()),  # correct responses scaled by lambda
-            "w-reinforce/positive_mean": advantages[correct].mean().item() if correct.any() else 0.0,
-            "w-reinforce/penalty_mean": advantages[wrong].mean().item() if wrong.any() else 0.0,
+            "w-reinforce/positive_mean": mean_where(advantages, correct),
+            "w-reinforce/penalty_mean": mean_where(advantages, ~correct),
         }
         return advantages
-
-    def step_metrics(self, rollouts):
-        return {**super().step_metrics(rollouts), **self._last}

@@ -17,6 +17,7 @@ decimal is written, for `number_match`'s rounding rule.
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from benchmarks.latex_forms import plain_latex
 
@@ -155,39 +156,28 @@ def _unwrap(text: str) -> str:
         for wrapper in _WRAPPERS:
             if text.startswith(wrapper) and text.endswith("}"):
                 inner = text[len(wrapper) :].lstrip()
-                if inner.startswith("{") and _closing_brace(inner) == len(inner) - 1:
+                if inner.startswith("{") and _closing(inner, "{}") == len(inner) - 1:
                     text = inner[1:-1]
                     break
         else:
             return text
 
 
-def _closing_brace(text: str) -> int | None:
-    """Index of the brace closing text[0] == '{', or None."""
+def _closing(text: str, pair: str) -> int | None:
+    """Index of the delimiter closing text[0] == pair[0] (pair: '{}' or '()'), or None."""
     depth = 0
     for pos, char in enumerate(text):
-        depth += char == "{"
-        depth -= char == "}"
+        depth += (char == pair[0]) - (char == pair[1])
         if depth == 0:
             return pos
     return None
-
-
-def _closes_at_end(text: str) -> bool:
-    """Whether the parenthesis opening text closes at its last character, `(1)(2)` not."""
-    depth = 0
-    for pos, char in enumerate(text):
-        depth += (char == "(") - (char == ")")
-        if depth == 0:
-            return pos == len(text) - 1
-    return False
 
 
 def _inside_parentheses(text: str) -> str:
     """text without parentheses around all of it, `(-2)` -> `-2`, repeatedly; kept when a comma is
     inside: `(1,234)` may be a pair, never a thousands-grouped number."""
     text = text.strip()
-    while text.startswith("(") and "," not in text and _closes_at_end(text):
+    while text.startswith("(") and "," not in text and _closing(text, "()") == len(text) - 1:  # not (1)(2)
         text = text[1:-1].strip()
     return text
 
@@ -246,6 +236,14 @@ def read_number_literal(text: str | None) -> NumberLiteral | None:
     """
     if text is None or len(text) > _MAX_LITERAL_CHARS:
         return None
+    return _read_short_literal(text)
+
+
+# Grading reads the same text many times (a gold answer once per sample, an answer in each reader
+# it goes through); NumberLiteral is immutable, so one reading per distinct text serves them all.
+@lru_cache(maxsize=4096)
+def _read_short_literal(text: str) -> NumberLiteral | None:
+    """read_number_literal of a text within _MAX_LITERAL_CHARS."""
     text = _bare_number_text(text)
     if text is None:
         return None

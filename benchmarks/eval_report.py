@@ -58,9 +58,10 @@ def truncation_line(document: dict) -> str:
     return f"truncated at the {limit}-token limit: {', '.join(parts)}"
 
 
-def truncation_warning(document: dict, share: float = TRUNCATION_WARN_SHARE) -> str | None:
-    """A line naming the benchmarks where more than `share` of the responses hit the length limit,
-    and the setting that raises it; None when none did."""
+def truncation_warning(document: dict) -> str | None:
+    """A line naming the benchmarks where more than TRUNCATION_WARN_SHARE of the responses hit the
+    length limit, and the setting that raises it; None when none did."""
+    share = TRUNCATION_WARN_SHARE
     limit = document["config"].get("max_new_tokens")
     hit = [f"{name} {_pct(scores['truncated_share'])}%" for name, scores in document["benchmarks"].items()
            if scores.get("truncated_share", 0) > share]

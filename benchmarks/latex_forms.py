@@ -9,10 +9,13 @@
   `\\frac3{3}` is `\\frac{3}{3}`, `\\frac\\pi2` is `\\frac{\\pi}{2}`, `\\sqrt2` is `\\sqrt{2}`,
   `\\sqrt[3]2` is `\\sqrt[3]{2}`.
 Everything is one pass over the text (brace pairs are matched once up front), so a long or
-adversarial answer costs linear time.
+adversarial answer costs linear time; and each distinct text is rewritten once per process (a
+cache of the latest 4096): grading meets the same text many times, a gold answer once per
+sample and an answer in each reader it goes through (math_grading, answer_extraction).
 """
 
 import re
+from functools import lru_cache
 
 _FRAC_STYLES = re.compile(r"\\[cdt]frac(?![A-Za-z])")
 _NULL_DELIMITER = re.compile(r"\\(?:left|right)\s*\.")
@@ -82,6 +85,7 @@ def _braced_arguments(text: str) -> str:
     return "".join(pieces) + text[last:]
 
 
+@lru_cache(maxsize=4096)
 def plain_latex(text: str) -> str:
     """text with the equivalent spellings of the module docstring made one."""
     text = _FRAC_STYLES.sub(r"\\frac", text)
