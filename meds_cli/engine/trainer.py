@@ -49,10 +49,15 @@ class Trainer:
     def __init__(self, cfg, run_dir: Path, *, accelerator=None, model_and_tokenizer=None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        # acc, world, rank, collectives, task, algorithm, reward_functions, tokenizer, sampler,
-        # tracker, policy, reference, share_prompts, update_settings, metrics, engine, forward_needs,
-        # lens_probe, scoring, sampler_is_full_softmax: see TrainerParts.
-        vars(self).update(vars(build_parts(cfg, self.run_dir, accelerator, model_and_tokenizer)))
+        parts = build_parts(cfg, self.run_dir, accelerator, model_and_tokenizer)  # see TrainerParts
+        self.acc, self.world, self.rank, self.collectives = parts.acc, parts.world, parts.rank, parts.collectives
+        self.task, self.algorithm, self.reward_functions = parts.task, parts.algorithm, parts.reward_functions
+        self.tokenizer, self.sampler, self.tracker = parts.tokenizer, parts.sampler, parts.tracker
+        self.policy, self.reference, self.engine, self.metrics = parts.policy, parts.reference, parts.engine, \
+            parts.metrics
+        self.share_prompts, self.update_settings = parts.share_prompts, parts.update_settings
+        self.forward_needs, self.lens_probe, self.scoring = parts.forward_needs, parts.lens_probe, parts.scoring
+        self.sampler_is_full_softmax = parts.sampler_is_full_softmax
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False

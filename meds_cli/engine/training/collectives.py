@@ -2,13 +2,14 @@
 the smallest count every process has, a step's metrics averaged, a count summed. Every process
 makes the same calls in the same order (a collective every process must enter); with one process
 nothing is exchanged. The loop (engine/trainer.py) and the rooms' functions it calls take a
-`Collectives`, not the accelerator."""
+`Collectives`, not the accelerator; the collectives themselves live in engine/training/sharding.py,
+beside the ones the update calls with the accelerator."""
 
 from __future__ import annotations
 
 import torch
 
-from meds_cli.engine.training.sharding import global_max, global_sum
+from meds_cli.engine.training.sharding import global_max, global_min, global_sum
 
 
 class Collectives:
@@ -17,14 +18,10 @@ class Collectives:
         self.world = accelerator.num_processes
 
     def any(self, flag: bool) -> bool:
-        value = torch.tensor([1.0 if flag else 0.0], device=self.acc.device)
-        return bool(self.acc.reduce(value, reduction="sum").item() > 0)
+        return global_sum(self.acc, 1.0 if flag else 0.0) > 0
 
     def min(self, value: int) -> int:
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], device=self.acc.device)
-        return int(self.acc.gather(t).min().item())
+        return int(global_min(self.acc, value))
 
     def sum(self, value: float) -> float:
         return global_sum(self.acc, value)

@@ -12,6 +12,7 @@ the padding, never the update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -65,6 +66,25 @@ def over_budget(prompt_lengths: list[int], response_lengths: list[int], budget: 
     return [i for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)) if p + r > budget]
 
 
+def plan_micro_batches(rollouts, rows: list[int], *, size: int, budget: int,
+                       most_over_processes: Callable[[int], int] = lambda count: count,
+                       on_over_budget: Callable[[int, int], None] | None = None) -> list[MicroBatch]:
+    """The micro-batches of `rows` of `rollouts` (the update's mini-batch, the scoring pass's batch):
+    `size` rows at a time with `budget` 0, else by tokens within `budget`, as many as
+    `most_over_processes` says the busiest process runs. `on_over_budget(rows, longest)` is told
+    how many rows are alone longer than the budget, and the longest's tokens."""
+    if not budget:
+        return fixed_micro_batches(rows, size)
+    prompt_lengths, response_lengths = row_lengths(rollouts.attention_mask[rows], rollouts.prompt_width,
+                                                   rollouts.response_mask[rows])
+    longer = over_budget(prompt_lengths, response_lengths, budget)
+    if longer and on_over_budget is not None:
+        on_over_budget(len(longer), max(prompt_lengths[i] + response_lengths[i] for i in longer))
+    planned = [MicroBatch(tuple(rows[i] for i in m.rows))
+               for m in token_micro_batches(prompt_lengths, response_lengths, budget)]
+    return even_out(planned, most_over_processes(len(planned)))
+
+
 def even_out(micro_batches: list[MicroBatch], count: int) -> list[MicroBatch]:
     """`micro_batches` made `count` long, for processes that must run the same number of forwards
     and backwards (FSDP2 gathers and reduces in each): the one with the most rows is split in two
@@ -108,5 +128,8 @@ def micro_batch_inputs(rollouts, rows: list[int], cut: bool):
 
 
 def to_width(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[b, r] per-response-token values zero-padded on the right to [b, width] (the batch's width)."""
+    """[b, r] per-response-token values zero-padded on the right to [b, width] (the batch's width);
+    `values` themselves when already that wide (every fixed-size micro-batch: no copy per forward)."""
+    if values.shape[1] == width:
+        return values
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))

@@ -26,14 +26,7 @@ from meds_cli.core.forward import (
 )
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
-from meds_cli.engine.training.micro_batches import (
-    even_out,
-    fixed_micro_batches,
-    micro_batch_inputs,
-    row_lengths,
-    to_width,
-    token_micro_batches,
-)
+from meds_cli.engine.training.micro_batches import micro_batch_inputs, plan_micro_batches, to_width
 
 SCORING_SETTINGS = ["auto", "always"]
 
@@ -173,12 +166,8 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
     slices of the batch at its width."""
     size, width = rollouts.size, rollouts.response_ids.shape[1]
     cut = micro_batch_tokens > 0 and observe is None
-    if cut:
-        lengths = row_lengths(rollouts.attention_mask, rollouts.prompt_width, rollouts.response_mask)
-        planned = token_micro_batches(*lengths, micro_batch_tokens)
-        batches = even_out(planned, most_over_processes(len(planned)))
-    else:
-        batches = fixed_micro_batches(list(range(size)), micro_batch_size)
+    batches = plan_micro_batches(rollouts, list(range(size)), size=micro_batch_size,
+                                 budget=micro_batch_tokens if cut else 0, most_over_processes=most_over_processes)
     old, ent, ref = {}, {}, {}
     device = next(model.parameters()).device
     logits_of = logit_function(model)

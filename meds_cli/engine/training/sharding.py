@@ -269,11 +269,21 @@ def global_sum(accelerator, value: float) -> float:
 def global_max(accelerator, value: float) -> float:
     """The largest `value` over every process (the value itself with one process): counts that
     every process must run alike, such as the update's micro-batches."""
+    return _all_reduce(accelerator, value, torch.distributed.ReduceOp.MAX)
+
+
+def global_min(accelerator, value: float) -> float:
+    """The smallest `value` over every process (the value itself with one process): the groups
+    every process has, so that every process trains on as many."""
+    return _all_reduce(accelerator, value, torch.distributed.ReduceOp.MIN)
+
+
+def _all_reduce(accelerator, value: float, op) -> float:
     if accelerator.num_processes == 1:
         return float(value)
-    top = torch.tensor([float(value)], device=accelerator.device)
-    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)  # Accelerate's reduce has no max
-    return float(top.item())
+    out = torch.tensor([float(value)], device=accelerator.device)
+    torch.distributed.all_reduce(out, op=op)  # Accelerate's reduce has no max or min
+    return float(out.item())
 
 
 BARRIER_SETTLE_S = 0.5

@@ -21,19 +21,10 @@ import torch
 
 from algorithms.policy_loss import agg_loss
 from meds_cli.core.rollouts import Rollouts
-from meds_cli.engine.training import sharding
+from meds_cli.engine.training import micro_batches, sharding
 from meds_cli.engine.training.importance import is_correction_weights
 from meds_cli.engine.training.metrics import mean_of
-from meds_cli.engine.training.micro_batches import (
-    MicroBatch,
-    even_out,
-    fixed_micro_batches,
-    micro_batch_inputs,
-    over_budget,
-    row_lengths,
-    to_width,
-    token_micro_batches,
-)
+from meds_cli.engine.training.micro_batches import MicroBatch, micro_batch_inputs, to_width
 from meds_cli.engine.training.precision import low_precision_training_warning
 from meds_cli.engine.training.scoring import policy_forward, scoring_temperature
 
@@ -178,21 +169,19 @@ _warned_over_budget = False
 def plan_micro_batches(batch: Rollouts, rows: list[int], settings: UpdateSettings, acc) -> list[MicroBatch]:
     """The micro-batches of mini-batch `rows`: micro_batch_size rows at a time, or by tokens
     (micro_batch_tokens), as many on every process as on the one that needs the most."""
-    if not settings.micro_batch_tokens:
-        return fixed_micro_batches(rows, settings.micro_batch_size)
-    budget = settings.micro_batch_tokens
-    prompt_lengths, response_lengths = row_lengths(batch.attention_mask[rows], batch.prompt_width,
-                                                   batch.response_mask[rows])
-    longer = over_budget(prompt_lengths, response_lengths, budget)
+    return micro_batches.plan_micro_batches(batch, rows, size=settings.micro_batch_size,
+                                            budget=settings.micro_batch_tokens,
+                                            most_over_processes=lambda count: int(sharding.global_max(acc, count)),
+                                            on_over_budget=lambda count, longest: _warn_over_budget(
+                                                count, longest, settings.micro_batch_tokens, acc))
+
+
+def _warn_over_budget(count: int, longest: int, budget: int, acc) -> None:
     global _warned_over_budget
-    if longer and not _warned_over_budget and acc.is_main_process:
+    if not _warned_over_budget and acc.is_main_process:
         _warned_over_budget = True
-        longest = max(prompt_lengths[i] + response_lengths[i] for i in longer)
-        print(f"warning: {len(longer)} rows (the longest {longest} tokens) are longer than "
+        print(f"warning: {count} rows (the longest {longest} tokens) are longer than "
               f"train.micro_batch_tokens={budget}: each runs in a micro-batch of its own (said once)", file=sys.stderr)
-    planned = [MicroBatch(tuple(rows[i] for i in m.rows)) for m in
-               token_micro_batches(prompt_lengths, response_lengths, budget)]
-    return even_out(planned, int(sharding.global_max(acc, len(planned))))
 
 
 def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch.Tensor, settings: UpdateSettings,
