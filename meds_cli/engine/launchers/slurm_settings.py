@@ -146,9 +146,9 @@ def read_partitions() -> dict[str, Partition]:
     return parse_partitions(done.stdout)
 
 
-def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partition]) -> None:
+def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partition]) -> Partition:
     """A partition sinfo does not know, a time over its limit, GPUs where it has none, more CPUs
-    per task than its nodes have: each one line."""
+    per task than its nodes have: each one line. Returns the partition the job would go to."""
     if settings.partition is not None:
         partition = partitions.get(settings.partition)
         if partition is None:
@@ -169,15 +169,14 @@ def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partiti
     if settings.cpus_per_task and partition.cpus and settings.cpus_per_task > partition.cpus:
         raise UserError(f"--slurm-cpus-per-task {settings.cpus_per_task}: the nodes of partition "
                         f"'{partition.name}' have at most {partition.cpus} CPUs")
+    return partition
 
 
 def check_before_submit(settings: SlurmSettings, gpus_per_node: int = 0) -> None:
     """Every check, against the cluster sinfo reaches; `gpus_per_node`: a multi-node run's GPUs."""
     check_settings(settings)
     sbatch_or_error()
-    partitions = read_partitions()
-    check_against_cluster(settings, partitions)
-    partition = partitions.get(settings.partition) or next(p for p in partitions.values() if p.default)
+    partition = check_against_cluster(settings, read_partitions())
     if gpus_per_node and not partition.has_gpus:
         raise UserError(f"--gpus-per-node {gpus_per_node}: partition '{partition.name}' has no GPUs (sinfo lists no "
                         "gpu GRES on its nodes); choose a GPU partition with --slurm-partition, or on CPUs give "
