@@ -82,6 +82,21 @@ def squeue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
     return states
 
 
+def latest_submissions(folder: Path) -> dict[str, tuple[str, int]]:
+    """task name -> (job id, array index) of its newest submission."""
+    latest = {}
+    for job, names in sorted(read_jobs(folder).items(), key=lambda item: int(item[0])):
+        for index, name in enumerate(names):
+            latest[name] = (job, index)
+    return latest
+
+
+def still_held(submissions: dict[str, tuple[str, int]]) -> dict[str, str]:
+    """The tasks of `submissions` that Slurm still holds: name -> QUEUED or RUNNING."""
+    states = squeue_states(sorted({job for job, _ in submissions.values()}))
+    return {name: states[key] for name, key in submissions.items() if key in states}
+
+
 class SlurmArrayLauncher:
     def __init__(self, folder: Path, settings: SlurmSettings, workdir: Path):
         self.folder = Path(folder)
@@ -89,24 +104,11 @@ class SlurmArrayLauncher:
         self.workdir = workdir
         self.watched: dict[str, tuple[str, int]] = {}  # task name -> (job id, index) of its newest submission
 
-    def _latest_submissions(self) -> dict[str, tuple[str, int]]:
-        latest = {}
-        for job, names in sorted(read_jobs(self.folder).items(), key=lambda item: int(item[0])):
-            for index, name in enumerate(names):
-                latest[name] = (job, index)
-        return latest
-
-    def active(self) -> dict[str, str]:
-        """Tasks of earlier submissions that Slurm still holds: name -> QUEUED or RUNNING."""
-        latest = self._latest_submissions()
-        states = squeue_states(sorted({job for job, _ in latest.values()}))
-        return {name: states[key] for name, key in latest.items() if key in states}
-
     def submit(self, tasks: list[Task]) -> str:
-        active = self.active()
+        latest = latest_submissions(self.folder)
+        active = still_held(latest)  # tasks of earlier submissions, still queued or running
         waiting = [t.name for t in tasks if t.name in active]
         new = [t for t in tasks if t.name not in active]
-        latest = self._latest_submissions()
         self.watched = {name: latest[name] for name in waiting}
         note = f"; still queued or running from before: {', '.join(waiting)}" if waiting else ""
         if not new:
