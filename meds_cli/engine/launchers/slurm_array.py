@@ -13,7 +13,7 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
-from meds_cli.engine.launchers.slurm_settings import SlurmSettings, sbatch_lines, sbatch_submit
+from meds_cli.engine.launchers.slurm_settings import SlurmSettings, error_line, sbatch_lines, sbatch_submit
 from meds_cli.engine.launchers.tasks import ENDED, QUEUED, RUNNING, Task
 
 SCRIPT = "ablate.sbatch"
@@ -71,7 +71,7 @@ def squeue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
         return {}
     done = subprocess.run(["squeue", "-h", "-r", "-o", "%F|%K|%t"], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        raise UserError(f"squeue failed ({(done.stderr.strip().splitlines() or ['no output'])[-1]}); "
+        raise UserError(f"squeue failed ({error_line(done)}); "
                         "is the Slurm controller up?")
     states = {}
     for line in done.stdout.splitlines():

@@ -118,6 +118,11 @@ def sbatch_or_error() -> str:
     return path
 
 
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The last line a failed Slurm command wrote to stderr: what it says went wrong."""
+    return (done.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def parse_partitions(sinfo_output: str) -> dict[str, Partition]:
     """Partitions from `sinfo -h -o '%P|%l|%G|%c'` (one line per partition and node kind)."""
     found: dict[str, Partition] = {}
@@ -140,8 +145,7 @@ def parse_partitions(sinfo_output: str) -> dict[str, Partition]:
 def read_partitions() -> dict[str, Partition]:
     done = subprocess.run(["sinfo", "-h", "-o", "%P|%l|%G|%c"], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"sinfo could not reach the Slurm controller ({last}); is the cluster up? "
+        raise UserError(f"sinfo could not reach the Slurm controller ({error_line(done)}); is the cluster up? "
                         "(a one-node test cluster: sudo bash scripts/slurm_local.sh start)")
     return parse_partitions(done.stdout)
 
@@ -187,7 +191,7 @@ def sbatch_submit(script) -> str:
     """Submit an sbatch script; its job id."""
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise UserError(f"sbatch refused {script}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise UserError(f"sbatch refused {script}: {error_line(done)}")
     return done.stdout.strip().split(";")[0]
 
 
