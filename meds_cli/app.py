@@ -19,6 +19,13 @@ app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, 
                   rich_markup_mode="rich", no_args_is_help=True, pretty_exceptions_enable=False)
 err = Console(stderr=True)
 
+# --slurm-* options meaning the same for `meds train` (a run's nodes) and `meds ablate` (each task):
+# declared once (typer copies an option's declaration for each command that uses it).
+SlurmPartition = Annotated[Optional[str], typer.Option(help="slurm: the partition (default: the cluster's).")]
+SlurmAccount = Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")]
+SlurmExtra = Annotated[Optional[list[str]], typer.Option(
+    help="slurm: any other sbatch option as KEY=VALUE (qos=high); repeatable.")]
+
 
 def fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -103,13 +110,12 @@ def train(
     gpus_per_node: Annotated[int, typer.Option(help="slurm: GPUs of each node, one process each.")] = 0,
     processes_per_node: Annotated[Optional[int], typer.Option(
         help="slurm, on CPUs: processes of each node (default 1).")] = None,
-    slurm_partition: Annotated[Optional[str], typer.Option(help="slurm: the partition.")] = None,
+    slurm_partition: SlurmPartition = None,
     slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit (e.g. 1-00:00:00).")] = None,
     slurm_cpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: CPUs of each node's task.")] = None,
     slurm_mem: Annotated[Optional[str], typer.Option(help="slurm: memory of each node (e.g. 400G).")] = None,
-    slurm_account: Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")] = None,
-    slurm_extra: Annotated[Optional[list[str]], typer.Option(
-        help="slurm: any other sbatch option as KEY=VALUE; repeatable.")] = None,
+    slurm_account: SlurmAccount = None,
+    slurm_extra: SlurmExtra = None,
     requeue: Annotated[bool, typer.Option(
         help="slurm: let Slurm requeue the job; it resumes from the last checkpoint.")] = False,
     launched: Annotated[bool, typer.Option(
@@ -278,18 +284,16 @@ def ablate(
     jobs: Annotated[Optional[int], typer.Option(
         help="local: run N tasks at once as processes (one GPU each where there are GPUs); "
              "default: one after another in this process.")] = None,
-    slurm_partition: Annotated[Optional[str], typer.Option(
-        help="slurm: the partition (default: the cluster's).")] = None,
+    slurm_partition: SlurmPartition = None,
     slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit of a task (e.g. 4:00:00, 1-12).")] = None,
     slurm_gpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: GPUs of a task.")] = None,
     slurm_cpus_per_task: Annotated[Optional[int], typer.Option(
         help="slurm: CPUs of a task (its torch threads).")] = None,
     slurm_mem: Annotated[Optional[str], typer.Option(help="slurm: memory of a task (e.g. 64G).")] = None,
-    slurm_account: Annotated[Optional[str], typer.Option(help="slurm: the account to charge.")] = None,
+    slurm_account: SlurmAccount = None,
     slurm_max_parallel: Annotated[Optional[int], typer.Option(
         help="slurm: at most N tasks running at once (the array's %N).")] = None,
-    slurm_extra: Annotated[Optional[list[str]], typer.Option(
-        help="slurm: any other sbatch option as KEY=VALUE (qos=high); repeatable.")] = None,
+    slurm_extra: SlurmExtra = None,
     requeue: Annotated[bool, typer.Option(
         help="slurm: let Slurm requeue a preempted task; it resumes from its last checkpoint.")] = False,
     no_wait: Annotated[bool, typer.Option(

@@ -15,7 +15,7 @@ from typing import Callable
 
 from meds_cli.core.errors import UserError
 from meds_cli.engine.launchers.local import InProcessLauncher, ProcessLauncher
-from meds_cli.engine.launchers.slurm_array import JOBS_FILE, SlurmArrayLauncher
+from meds_cli.engine.launchers.slurm_array import JOBS_FILE, SlurmArrayLauncher, latest_submissions, still_held
 from meds_cli.engine.launchers.slurm_settings import SlurmSettings, check_before_submit, check_settings
 from meds_cli.engine.launchers.tasks import ENDED, Task, collect
 
@@ -85,7 +85,7 @@ def slurm_activity(folder: Path) -> dict[str, str]:
 
     if not (folder / JOBS_FILE).is_file() or shutil.which("squeue") is None:
         return {}
-    return SlurmArrayLauncher(folder, SlurmSettings(), Path.cwd()).active()
+    return still_held(latest_submissions(folder))
 
 
 def report(folder: Path, variants, eval_settings, console, active: dict[str, str] | None = None) -> dict:
@@ -96,19 +96,20 @@ def report(folder: Path, variants, eval_settings, console, active: dict[str, str
     from meds_cli.commands.ablate_task import DONE, task_outcome
     from meds_cli.engine.config import load_config
 
-    finished, unfinished = [], {}
+    finished, paths, unfinished = [], {}, {}
     for variant in variants:
         run_dir = folder / variant.name
         config = run_dir / "config.yaml"
         steps = load_config([str(config)]).train.steps if config.is_file() else 0
-        state, line = task_outcome(run_dir, results_path(run_dir, eval_settings, steps))
+        paths[variant.name] = results_path(run_dir, eval_settings, steps)
+        state, line = task_outcome(run_dir, paths[variant.name])
         if state == DONE:
             finished.append(variant)
             continue
         if (active or {}).get(variant.name, ENDED) != ENDED:
             state, line = active[variant.name], None
         unfinished[variant.name] = {"state": state, "last_line": line}
-    return write_report(folder, finished, eval_settings, console, unfinished=unfinished)
+    return write_report(folder, finished, paths, console, unfinished=unfinished)
 
 
 def show_script(plan, settings: SlurmSettings) -> None:

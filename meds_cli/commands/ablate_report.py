@@ -255,12 +255,11 @@ def unfinished_lines(unfinished: dict[str, dict]) -> list[str]:
             for name, item in unfinished.items()]
 
 
-def write_report(folder: Path, variants, eval_settings, console, unfinished: dict[str, dict] | None = None) -> dict:
-    """The report of the finished `variants`; `unfinished` {name: {state, last_line}} names the
-    tasks that failed or have not finished (summary.md, summary.json and the terminal)."""
-    from meds_cli.commands.ablate_eval import results_path
-    from meds_cli.engine.config import load_config
-
+def write_report(folder: Path, variants, paths: dict[str, Path], console,
+                 unfinished: dict[str, dict] | None = None) -> dict:
+    """The report of the finished `variants`, `paths` their results files by name; `unfinished`
+    {name: {state, last_line}} names the tasks that failed or have not finished (summary.md,
+    summary.json and the terminal)."""
     unfinished = unfinished or {}
     missing = unfinished_lines(unfinished)
     if missing:
@@ -271,12 +270,7 @@ def write_report(folder: Path, variants, eval_settings, console, unfinished: dic
         console.print("no task has finished yet: no report")
         return {"folder": str(folder), "rows": [], "unfinished": unfinished}
 
-    results, paths = {}, {}
-    for v in variants:
-        run_dir = folder / v.name
-        steps = load_config([str(run_dir / "config.yaml")]).train.steps
-        paths[v.name] = results_path(run_dir, eval_settings, steps)
-        results[v.name] = variant_result(run_dir, paths[v.name])
+    results = {v.name: variant_result(folder / v.name, paths[v.name]) for v in variants}
     rows = aggregate(variants, results)
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
     comparisons = paired_against_baseline(variants, paths)

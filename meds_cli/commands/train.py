@@ -135,6 +135,16 @@ def sampling_lines(cfg: RunConfig, rounds: int) -> list[str]:
     return lines + [f"tokens: {most}, plus the prompts; the update reads them all again"]
 
 
+def check_before_loading(plan: RunPlan, config_files, overrides, shortcuts) -> None:
+    """What can be checked of the model without its weights, before the run folder is touched
+    (a dry run, a run here, a run submitted to Slurm): the LoRA rank against the model's width,
+    and a real model on the default task of a new run."""
+    cfg = plan.cfg
+    check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
+    if not plan.resuming:
+        refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+
+
 def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, console: Console) -> dict:
     """What `meds train` would do, with nothing loaded but the config and nothing created: the
     resolved config (stdout), the run folder, the model's size, the sampling shape, tokens a step."""
@@ -145,9 +155,7 @@ def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, conso
 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     cfg = plan.cfg
-    check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
-    if not plan.resuming:
-        refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    check_before_loading(plan, config_files, overrides, shortcuts)
     algorithm = build_algorithm(cfg)  # checks the algorithm's settings; builds no model
     Console(soft_wrap=True).print(yaml.safe_dump(to_dict(cfg, algorithm.config_sections), sort_keys=False),
                                   markup=False, highlight=False)
@@ -168,10 +176,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     do not make it a used folder)."""
     route_library_warnings()  # library warnings go to the run folder's log (_train names it), not the terminal
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
-    # What can be checked of the model without its weights, before the folder is touched.
-    check_lora_rank(plan.cfg.model.lora, precheck_model(plan.cfg.model.name), plan.cfg.model.name)
-    if not plan.resuming:
-        refuse_real_model_on_default_task(plan.cfg, task_was_chosen(config_files, overrides, shortcuts))
+    check_before_loading(plan, config_files, overrides, shortcuts)
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
     from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 

@@ -34,18 +34,17 @@ def processes_of(nodes: int, gpus_per_node: int, processes_per_node: int | None)
 
 def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_node: int,
                     processes_per_node: int | None, settings: SlurmSettings, dry_run: bool, console) -> dict:
-    from meds_cli.commands.train import prepare_run, refuse_real_model_on_default_task, task_was_chosen
-    from meds_cli.engine.model_io.model import check_lora_rank, precheck_model
+    from meds_cli.commands.train import check_before_loading, prepare_run
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     per_node = processes_of(nodes, gpus_per_node, processes_per_node)
-    check_settings(settings)
-    if not dry_run:
-        check_before_submit(settings, gpus_per_node)
+    if dry_run:
+        check_settings(settings)
+    else:
+        check_before_submit(settings, gpus_per_node)  # check_settings, then the cluster
     plan = prepare_run(config_files, overrides, shortcuts, None)
     cfg, run_dir = plan.cfg, plan.run_dir.resolve()
-    check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
-    refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    check_before_loading(plan, config_files, overrides, shortcuts)
     sections = build_algorithm(cfg).config_sections
     script = render_train_script(run_dir, nodes=nodes, gpus_per_node=gpus_per_node, processes_per_node=per_node,
                                  settings=settings, python=sys.executable, workdir=Path.cwd())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
-from meds_cli.engine.launchers.slurm_settings import SlurmSettings, sbatch_lines, sbatch_submit
+from meds_cli.engine.launchers.slurm_settings import SlurmSettings, error_line, sbatch_lines, sbatch_submit
 from meds_cli.engine.launchers.tasks import ENDED, QUEUED, RUNNING, Task
 
 SCRIPT = "ablate.sbatch"
@@ -71,7 +71,7 @@ def squeue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
         return {}
     done = subprocess.run(["squeue", "-h", "-r", "-o", "%F|%K|%t"], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        raise UserError(f"squeue failed ({(done.stderr.strip().splitlines() or ['no output'])[-1]}); "
+        raise UserError(f"squeue failed ({error_line(done)}); "
                         "is the Slurm controller up?")
     states = {}
     for line in done.stdout.splitlines():
@@ -82,6 +82,21 @@ def squeue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
     return states
 
 
+def latest_submissions(folder: Path) -> dict[str, tuple[str, int]]:
+    """task name -> (job id, array index) of its newest submission."""
+    latest = {}
+    for job, names in sorted(read_jobs(folder).items(), key=lambda item: int(item[0])):
+        for index, name in enumerate(names):
+            latest[name] = (job, index)
+    return latest
+
+
+def still_held(submissions: dict[str, tuple[str, int]]) -> dict[str, str]:
+    """The tasks of `submissions` that Slurm still holds: name -> QUEUED or RUNNING."""
+    states = squeue_states(sorted({job for job, _ in submissions.values()}))
+    return {name: states[key] for name, key in submissions.items() if key in states}
+
+
 class SlurmArrayLauncher:
     def __init__(self, folder: Path, settings: SlurmSettings, workdir: Path):
         self.folder = Path(folder)
@@ -89,24 +104,11 @@ class SlurmArrayLauncher:
         self.workdir = workdir
         self.watched: dict[str, tuple[str, int]] = {}  # task name -> (job id, index) of its newest submission
 
-    def _latest_submissions(self) -> dict[str, tuple[str, int]]:
-        latest = {}
-        for job, names in sorted(read_jobs(self.folder).items(), key=lambda item: int(item[0])):
-            for index, name in enumerate(names):
-                latest[name] = (job, index)
-        return latest
-
-    def active(self) -> dict[str, str]:
-        """Tasks of earlier submissions that Slurm still holds: name -> QUEUED or RUNNING."""
-        latest = self._latest_submissions()
-        states = squeue_states(sorted({job for job, _ in latest.values()}))
-        return {name: states[key] for name, key in latest.items() if key in states}
-
     def submit(self, tasks: list[Task]) -> str:
-        active = self.active()
+        latest = latest_submissions(self.folder)
+        active = still_held(latest)  # tasks of earlier submissions, still queued or running
         waiting = [t.name for t in tasks if t.name in active]
         new = [t for t in tasks if t.name not in active]
-        latest = self._latest_submissions()
         self.watched = {name: latest[name] for name in waiting}
         note = f"; still queued or running from before: {', '.join(waiting)}" if waiting else ""
         if not new:

@@ -118,6 +118,11 @@ def sbatch_or_error() -> str:
     return path
 
 
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The last line a failed Slurm command wrote to stderr: what it says went wrong."""
+    return (done.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def parse_partitions(sinfo_output: str) -> dict[str, Partition]:
     """Partitions from `sinfo -h -o '%P|%l|%G|%c'` (one line per partition and node kind)."""
     found: dict[str, Partition] = {}
@@ -140,15 +145,14 @@ def parse_partitions(sinfo_output: str) -> dict[str, Partition]:
 def read_partitions() -> dict[str, Partition]:
     done = subprocess.run(["sinfo", "-h", "-o", "%P|%l|%G|%c"], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"sinfo could not reach the Slurm controller ({last}); is the cluster up? "
+        raise UserError(f"sinfo could not reach the Slurm controller ({error_line(done)}); is the cluster up? "
                         "(a one-node test cluster: sudo bash scripts/slurm_local.sh start)")
     return parse_partitions(done.stdout)
 
 
-def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partition]) -> None:
+def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partition]) -> Partition:
     """A partition sinfo does not know, a time over its limit, GPUs where it has none, more CPUs
-    per task than its nodes have: each one line."""
+    per task than its nodes have: each one line. Returns the partition the job would go to."""
     if settings.partition is not None:
         partition = partitions.get(settings.partition)
         if partition is None:
@@ -169,15 +173,14 @@ def check_against_cluster(settings: SlurmSettings, partitions: dict[str, Partiti
     if settings.cpus_per_task and partition.cpus and settings.cpus_per_task > partition.cpus:
         raise UserError(f"--slurm-cpus-per-task {settings.cpus_per_task}: the nodes of partition "
                         f"'{partition.name}' have at most {partition.cpus} CPUs")
+    return partition
 
 
 def check_before_submit(settings: SlurmSettings, gpus_per_node: int = 0) -> None:
     """Every check, against the cluster sinfo reaches; `gpus_per_node`: a multi-node run's GPUs."""
     check_settings(settings)
     sbatch_or_error()
-    partitions = read_partitions()
-    check_against_cluster(settings, partitions)
-    partition = partitions.get(settings.partition) or next(p for p in partitions.values() if p.default)
+    partition = check_against_cluster(settings, read_partitions())
     if gpus_per_node and not partition.has_gpus:
         raise UserError(f"--gpus-per-node {gpus_per_node}: partition '{partition.name}' has no GPUs (sinfo lists no "
                         "gpu GRES on its nodes); choose a GPU partition with --slurm-partition, or on CPUs give "
@@ -188,7 +191,7 @@ def sbatch_submit(script) -> str:
     """Submit an sbatch script; its job id."""
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
-        raise UserError(f"sbatch refused {script}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise UserError(f"sbatch refused {script}: {error_line(done)}")
     return done.stdout.strip().split(";")[0]
 
 
