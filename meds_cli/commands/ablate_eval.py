@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 from benchmarks.harness import EvalSettings
-from meds_cli.commands.eval import HELDOUT
+from meds_cli.commands.eval import HELDOUT, heldout_max_new_tokens
 from meds_cli.core.errors import UserError
 
 
@@ -50,7 +50,11 @@ def evaluate_variant(run_dir: Path, eval_settings: EvalSettings, console=None) -
     from meds_cli.engine.config import load_config
 
     cfg = load_config([str(Path(run_dir) / "config.yaml")])
-    settings = variant_settings(eval_settings, cfg.rollout.max_new_tokens)
+    # The held-out split at the length `meds eval RUN` gives it (a toy task's training limit can cut
+    # most answers short: every arm would then score its truncations); benchmarks at the run's own.
+    length = (heldout_max_new_tokens(cfg.task.name, cfg.rollout.max_new_tokens) if is_heldout(eval_settings)
+              else cfg.rollout.max_new_tokens)
+    settings = variant_settings(eval_settings, length)
     output = results_path(run_dir, settings, cfg.train.steps).parent if is_heldout(settings) else None
     return run_eval(run_dir=Path(run_dir), model=None, step=None, settings=settings, output=output, quiet=True,
                     console=console)

@@ -47,6 +47,12 @@ HELDOUT = "heldout"  # --benchmarks heldout: the run's task's held-out split
 HELDOUT_MIN_NEW_TOKENS = {"arithmetic": 256}
 
 
+def heldout_max_new_tokens(task_name: str | None, run_max_new_tokens: int) -> int:
+    """The response limit of a run's held-out eval: its rollout.max_new_tokens, or its task's
+    HELDOUT_MIN_NEW_TOKENS where that is longer (`meds eval RUN` and `meds ablate` alike)."""
+    return max(run_max_new_tokens, HELDOUT_MIN_NEW_TOKENS.get(task_name, 0))
+
+
 def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda text: None) -> ModelSpec:
     """The run's base model (config.yaml model.name) with its newest complete or chosen checkpoint."""
     run_dir = runs.resolve_run_dir(str(run_dir))
@@ -138,10 +144,8 @@ def run_defaults(task_name: str | None, run_max_new_tokens: int | None, benchmar
         benchmarks = benchmarks if benchmarks is not None else [MODEL_DEFAULT_BENCHMARK]
     if max_new_tokens is None:
         own_length = benchmarks == [HELDOUT] and run_max_new_tokens is not None
-        max_new_tokens = run_max_new_tokens if own_length else MODEL_MAX_NEW_TOKENS
-        floor = HELDOUT_MIN_NEW_TOKENS.get(task_name, 0) if own_length else 0
-        if floor > max_new_tokens:
-            max_new_tokens = floor
+        max_new_tokens = heldout_max_new_tokens(task_name, run_max_new_tokens) if own_length else MODEL_MAX_NEW_TOKENS
+        if own_length and max_new_tokens > run_max_new_tokens:
             why += f", the length task '{task_name}' needs (its rollout.max_new_tokens {run_max_new_tokens} is shorter)"
         elif own_length:
             why += ", the run's rollout.max_new_tokens"
