@@ -124,13 +124,12 @@ def train(
     """Train a model with RL on a task with verifiable rewards; writes a run folder."""
     from meds_cli.commands.train import dry_run as show_plan
     from meds_cli.commands.train import run_training
+    from meds_cli.engine.launchers import check_launcher
+    from meds_cli.engine.launchers.slurm_settings import SlurmSettings
 
     shortcuts = {"algo.name": algo, "algo.base": base, "model.name": model, "task.name": task, "train.steps": steps,
                  "train.seed": seed, "train.output_dir": str(output) if output else None, "train.tag": tag}
-    if launcher not in ("local", "slurm"):
-        raise UserError(f"--launcher '{launcher}' is not a launcher; accepted: local, slurm")
-    from meds_cli.engine.launchers.slurm_settings import SlurmSettings
-
+    check_launcher(launcher)
     settings = SlurmSettings(partition=slurm_partition, time=slurm_time, cpus_per_task=slurm_cpus_per_task,
                              mem=slurm_mem, account=slurm_account, extra=list(slurm_extra or []), requeue=requeue)
     if launcher == "slurm":

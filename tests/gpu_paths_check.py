@@ -36,6 +36,7 @@ class CollectiveEngine:
 
     name = "collective-fake"
     records_lens = False
+    reads_policy_weights = False  # it answers without the policy
 
     def __init__(self, stop_id: int):
         self.stop_id, self.calls, self.requests = stop_id, 0, []

@@ -25,7 +25,8 @@ class RecordingEngine:
 
     def __init__(self, inner):
         self.inner, self.calls = inner, []
-        self.name = inner.name
+        self.name, self.records_lens = inner.name, inner.records_lens
+        self.reads_policy_weights = inner.reads_policy_weights
 
     def generate(self, requests, settings):
         self.calls.append("generate")

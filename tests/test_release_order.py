@@ -19,6 +19,7 @@ class RecordingEngine:
 
     name = "recording-fake"
     records_lens = False
+    reads_policy_weights = True
 
     def __init__(self, events, stop_id):
         self.events, self.stop_id, self.asleep = events, stop_id, False

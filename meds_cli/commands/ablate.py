@@ -252,7 +252,7 @@ def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, arg
             return {"folder": str(plan.folder), "submitted": [t.name for t in pending]}
         wait_with_progress(launcher, console, quiet)
     except KeyboardInterrupt:
-        getattr(launcher, "stop", lambda: None)()
+        launcher.stop()
         console.print(f"[yellow]stopped[/]; run the same command with --output {plan.folder} to continue")
         raise
     return report(plan.folder, plan.variants, eval_settings, console)

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 from meds_cli.core.errors import UserError
+from meds_cli.engine.launchers import check_launcher
 from meds_cli.engine.launchers.local import InProcessLauncher, ProcessLauncher
 from meds_cli.engine.launchers.slurm_array import JOBS_FILE, SlurmArrayLauncher, latest_submissions, still_held
 from meds_cli.engine.launchers.slurm_settings import SlurmSettings, check_before_submit, check_settings
 from meds_cli.engine.launchers.tasks import ENDED, Task, collect
-
-LAUNCHERS = ("local", "slurm")
 
 
 @dataclass
@@ -31,8 +30,7 @@ class LaunchOptions:
 
     def check(self, *, cluster: bool = True) -> None:
         """Every bad setting in one line, before anything is written or submitted."""
-        if self.launcher not in LAUNCHERS:
-            raise UserError(f"--launcher '{self.launcher}' is not a launcher; accepted: {', '.join(LAUNCHERS)}")
+        check_launcher(self.launcher)
         if self.launcher == "slurm":
             if self.jobs is not None:
                 raise UserError("--jobs is for --launcher local; on Slurm, --slurm-max-parallel N caps the "

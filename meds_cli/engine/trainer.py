@@ -184,8 +184,7 @@ class Trainer:
         """Under FSDP2, the whole policy gathered for an engine that samples from the training model
         itself (hf: many forwards without collectives in between); an engine with its own copy
         (vLLM) is sent the weights one unit at a time instead, so nothing is gathered for it."""
-        reads_policy = getattr(self.engine, "reads_policy_weights", True)
-        return gathered_parameters(self.sharded if reads_policy else None)
+        return gathered_parameters(self.sharded if self.engine.reads_policy_weights else None)
 
     def _score(self, batch, timing: dict) -> None:
         """The no-grad scoring pass (engine/training/scoring.py) over `batch`, the algorithm watching.

@@ -126,7 +126,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     # What the algorithm reads besides the update's forward, asked once: the scoring pass is
     # planned from it, and lens values the engine records while sampling (MEDS's logit lens
     # with the hf engine) stand in for the pass where the algorithm asks for them.
-    records_lens = getattr(engine, "records_lens", False)
+    records_lens = engine.records_lens
     forward_needs = algorithm.forward_needs(len(decoder_layers(unwrapped)), records_lens)
     if forward_needs.lens is not None and not records_lens:
         raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")

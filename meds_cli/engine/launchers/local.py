@@ -32,6 +32,9 @@ class InProcessLauncher:
     def poll(self) -> dict[str, str]:
         return {task.name: ENDED for task in self.tasks}
 
+    def stop(self) -> None:
+        """Nothing runs beside the command: the Ctrl-C already stopped the task."""
+
 
 def thread_share(jobs: int, cores: int) -> int:
     """CPU threads of each of `jobs` tasks sharing `cores` (at least 1)."""

@@ -25,6 +25,9 @@ class Launcher(Protocol):
     def poll(self) -> dict[str, str]:
         """task name -> QUEUED, RUNNING or ENDED, for the tasks submitted."""
 
+    def stop(self) -> None:
+        """Ctrl-C in the command: what becomes of the tasks still running (the launcher says)."""
+
 
 def collect(launcher: Launcher, on_progress: Callable[[int, int], None] | None = None,
             every_s: float = 2.0) -> None:

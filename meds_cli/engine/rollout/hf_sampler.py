@@ -280,6 +280,7 @@ class HFEngine:
     from the live weights), nothing to release."""
 
     name = "hf"
+    reads_policy_weights = True  # it decodes with the live (gathered) policy
 
     def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True, pack_weights: bool = True,
                  direct_steps: bool = True):

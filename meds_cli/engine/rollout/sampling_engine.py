@@ -65,6 +65,9 @@ class RolloutEngine(Protocol):
 
     name: str
     records_lens: bool  # honours SamplingSettings.lens
+    # samples from the training model's own parameters (hf), so a sharded policy is gathered for it;
+    # False for an engine with its own copy (vLLM), which is sent the weights instead
+    reads_policy_weights: bool
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]: ...
 
