@@ -88,7 +88,7 @@ class DecoderStep:
 
     def __call__(self, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache):
         rows = tokens.shape[0]
-        if any(group.packed_rows != rows for group in self.groups):
+        if not all(group.ready_for(rows) for group in self.groups):
             return None
         body = self.body
         hidden = body.embed_tokens.forward(tokens)
