@@ -64,20 +64,22 @@ class FastPaths:
     why: str  # the reason for the bf16 choice, in a phrase
 
 
-def native_bf16_unit(environ: Mapping[str, str] | None = None, flags: set[str] | None = None) -> str | None:
-    """The CPU's bf16 matrix unit ("AMX-BF16" or "AVX512-BF16"), or None: none, or oneDNN capped
-    below it by ONEDNN_MAX_CPU_ISA. `flags`: the CPU's feature flags (default: torch's cpuinfo,
-    then /proc/cpuinfo)."""
+def native_bf16_unit(environ: Mapping[str, str] | None = None, flags: set[str] | None = None) -> tuple[str | None, str]:
+    """(the CPU's bf16 matrix unit, "AMX-BF16" or "AVX512-BF16", or None; the reason in a
+    phrase): none, or oneDNN capped below it by ONEDNN_MAX_CPU_ISA. `flags`: the CPU's feature
+    flags (default: torch's cpuinfo and /proc/cpuinfo)."""
     environ = os.environ if environ is None else environ
-    cap = next((environ[v].strip().upper() for v in ISA_VARIABLES if environ.get(v, "").strip()), "")
-    if cap and cap not in BF16_ISAS:
-        return None
     flags = cpu_flags() if flags is None else flags
-    if "amx_bf16" in flags and (not cap or "AMX" in cap or cap in ("ALL", "DEFAULT")):
-        return "AMX-BF16"
-    if "avx512_bf16" in flags:
-        return "AVX512-BF16"
-    return None
+    unit = "AMX-BF16" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
+    if unit is None:
+        return None, "CPU has no bf16 units"
+    variable = next((v for v in ISA_VARIABLES if environ.get(v, "").strip()), None)
+    cap = environ[variable].strip().upper() if variable else ""
+    if cap and cap not in BF16_ISAS:
+        return None, f"{variable}={cap} leaves oneDNN no bf16 units"
+    if unit == "AMX-BF16" and cap and "AMX" not in cap and cap not in ("ALL", "DEFAULT"):
+        unit = "AVX512-BF16" if "avx512_bf16" in flags else None
+    return unit, f"CPU has {unit}" if unit else f"{variable}={cap} leaves oneDNN no bf16 units"
 
 
 @functools.cache
@@ -124,15 +126,17 @@ def speedups(slow: Mapping[int, float], fast: Mapping[int, float]) -> dict[int, 
     return {rows: slow[rows] / fast[rows] for rows in sorted(set(slow) & set(fast)) if fast[rows] > 0}
 
 
-def choose_fast_paths(timings: Timings, bf16_unit: str | None, *, margin: float = BF16_MARGIN) -> FastPaths:
+def choose_fast_paths(timings: Timings, bf16_unit: str | None, *, no_unit: str = "CPU has no bf16 units",
+                      margin: float = BF16_MARGIN) -> FastPaths:
     """Pack float32 decode weights when the packed product took less time than the plain one
     over the decode row counts together; compute in bf16 when the CPU has bf16 units and bf16
     is at least `margin` times faster than the faster float32 path (geometric mean over every
-    row count timed: a decode step at 8 and 64 rows, an update's micro-batch)."""
+    row count timed: a decode step at 8 and 64 rows, an update's micro-batch). `no_unit`: why
+    there is no unit, for the reason."""
     decode = [r for r in DECODE_ROWS if r in timings.float32 and r in timings.packed]
     pack = bool(decode) and sum(timings.packed[r] for r in decode) < sum(timings.float32[r] for r in decode)
     if bf16_unit is None:
-        return FastPaths(pack, False, "CPU has no bf16 units")
+        return FastPaths(pack, False, no_unit)
     best = {r: min(t, timings.packed[r]) if pack and r in timings.packed else t for r, t in timings.float32.items()}
     ratios = speedups(best, timings.bf16)
     if not ratios:
@@ -254,17 +258,18 @@ class Calibration:
     source: str  # the cache file, or why nothing was timed
 
 
-def cpu_fast_paths(environ: Mapping[str, str] | None = None, *, measure_fn=measure) -> Calibration:
-    """The fast paths for this CPU, from the calibration cache (measured on first use)."""
+def cpu_fast_paths(environ: Mapping[str, str] | None = None, *, measure_fn=measure,
+                   flags: frozenset[str] | None = None) -> Calibration:
+    """The fast paths for this CPU, from the calibration cache (measured on first use).
+    `flags`: the CPU's feature flags (default: this CPU's)."""
     environ = os.environ if environ is None else environ
     if environ.get(PIN_VARIABLE, "").strip().lower() == "default":
         return Calibration(FastPaths(mkl_packing_available(), False, f"{PIN_VARIABLE}=default"), "not calibrated")
-    unit = native_bf16_unit(environ)
-    path = cache_file(environ)
-    return _calibrated(machine_key(), str(path), unit, mkl_packing_available(), measure_fn)
+    unit, why = native_bf16_unit(environ, flags)
+    return _calibrated(machine_key(), str(cache_file(environ)), unit, why, mkl_packing_available(), measure_fn)
 
 
 @functools.cache
-def _calibrated(key: str, path: str, unit: str | None, packing: bool, measure_fn) -> Calibration:
+def _calibrated(key: str, path: str, unit: str | None, why: str, packing: bool, measure_fn) -> Calibration:
     timings = calibrated_timings(key, Path(path), bf16=unit is not None, packing=packing, measure_fn=measure_fn)
-    return Calibration(choose_fast_paths(timings, unit), f"calibrated {path}")
+    return Calibration(choose_fast_paths(timings, unit, no_unit=why), f"calibrated {path}")

@@ -74,10 +74,6 @@ class _PackedGroup:
         self.widths = [layer.out_features for layer in layers]
         self.input, self.input_version, self.input_rows, self.outputs = None, -1, 0, None
         self.packed_rows, self.packed, self.weight, self.bias = 0, None, None, None
-        if bf16:  # every row count multiplies the same copy: made now, once
-            self._stack()
-            self.weight = bf16_copy(self.weight)
-            self.bias = bf16_copy(self.bias) if self.bias is not None else None
 
     def ready_for(self, rows: int) -> bool:
         """Whether `multiply` takes inputs of `rows` rows (packed float32: packed for that many)."""
@@ -112,6 +108,10 @@ class _PackedGroup:
         this directly)."""
         flat = x.reshape(-1, x.shape[-1])
         if self.bf16:
+            if self.weight is None:  # at the first call (LoRA's own matrices, merged away, never are)
+                self._stack()
+                self.weight = bf16_copy(self.weight)
+                self.bias = bf16_copy(self.bias) if self.bias is not None else None
             out = torch.nn.functional.linear(flat.to(torch.bfloat16), self.weight, self.bias)
         else:
             out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, flat.shape[0])
