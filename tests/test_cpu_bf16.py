@@ -9,6 +9,7 @@ import torch
 
 from meds_cli.core.cpu_calibration import Timings, cpu_fast_paths
 from meds_cli.engine.rollout import packed_linear
+from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
 from meds_cli.engine.trainer import Trainer
@@ -92,19 +93,23 @@ def _mismatch(batch) -> float:
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
-def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, capsys):
+def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, capsys, monkeypatch):
     cfg = tiny_config(*SMALL, "train.mixed_precision=bf16", "train.scoring_pass=always", "rollout.is_correction=tis")
     trainer = Trainer(cfg, tmp_path)
     assert "precision: bf16 (train.mixed_precision: bf16)" in capsys.readouterr().err
-    outputs = []
-    layer = trainer.unwrapped.get_base_model().model.layers[0].mlp.down_proj
-    hook = layer.register_forward_hook(lambda m, i, out: outputs.append(out.dtype))
+    plans, plan = [], DecoderStep.plan.__func__
+    monkeypatch.setattr(DecoderStep, "plan", classmethod(lambda cls, *a, **k: plans.append(plan(cls, *a, **k))
+                                                         or plans[-1]))
     before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters() if p.requires_grad}
     batch = _collect(trainer)
     assert batch.sampler_logp.dtype == batch.old_logp.dtype == torch.float32
+    # the decode steps ran directly over the bf16 copies, past Accelerate's autocast wrapper
+    assert plans and all(p is not None for p in plans)
     # the sampler's and the scoring pass's log-probs of the same tokens: both computed in bf16
     assert _mismatch(batch) < 1e-3
-    outputs.clear()
+    outputs = []
+    layer = trainer.unwrapped.get_base_model().model.layers[0].mlp.down_proj
+    hook = layer.register_forward_hook(lambda m, i, out: outputs.append(out.dtype))
     stats = trainer.update(batch)
     hook.remove()
     assert outputs and set(outputs) == {torch.bfloat16}  # the update's products under bf16 autocast
