@@ -1,7 +1,8 @@
 """bf16 on a CPU (engine/training/precision.py, engine/rollout/packed_linear.py): auto picks it
 only from the calibration, the run says why in one line, decoding multiplies bf16 weight copies
 made once per batch with float32 logits, the update keeps float32 weights and optimizer state,
-and the sampler's log-probs stay at bf16 rounding from the scoring pass's. bf16 is forced here:
+the sampler's log-probs stay at bf16 rounding from the scoring pass's, and float32 decoding packs
+weights only where the calibration measured packing faster. bf16 is forced here:
 this suite runs on machines without bf16 units, where bf16 is emulated (slower, same numbers)."""
 
 import pytest
@@ -125,3 +126,22 @@ def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, capsys,
 def test_float32_sampler_and_scoring_agree_to_float32_rounding(tmp_path):
     trainer = Trainer(tiny_config(*SMALL, "train.mixed_precision=no", "train.scoring_pass=always"), tmp_path)
     assert _mismatch(_collect(trainer)) < 1e-5
+
+
+@pytest.mark.parametrize("measured_faster", [True, False])
+def test_float32_decoding_packs_only_where_the_calibration_measured_packing_faster(monkeypatch, measured_faster):
+    from meds_cli.core.cpu_calibration import Calibration, FastPaths
+    from meds_cli.engine.rollout import hf_sampler
+
+    model, tokenizer = lora_policy(seed=4)
+    monkeypatch.setattr(hf_sampler, "cpu_fast_paths",
+                        lambda: Calibration(FastPaths(measured_faster, False, "hand-made"), "test"))
+    entered = []
+    real = hf_sampler.packed_linears
+    monkeypatch.setattr(hf_sampler, "packed_linears", lambda m, **kw: (entered.append(kw), real(m, **kw))[1])
+    settings = SamplingSettings(1.0, 1.0, 16, (), min_new_tokens=16)  # long enough to pay for packing
+    HFEngine(model, tokenizer.pad_token_id, 16).generate(_requests(tokenizer), settings)
+    assert entered == ([{"bf16": False}] if measured_faster else [])
+    entered.clear()
+    HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=True).generate(_requests(tokenizer), settings)
+    assert entered == [{"bf16": False}]  # asked for explicitly: packed whatever was measured

@@ -123,3 +123,24 @@ def test_the_pin_times_nothing_and_keeps_the_old_choices():
 
     found = calibration.cpu_fast_paths({"MEDS_CPU_FAST_PATHS": "default"}, measure_fn=refuse, flags=AMX)
     assert not found.paths.bf16 and found.paths.pack_float32 == calibration.mkl_packing_available()
+
+
+def test_measure_times_each_path_at_its_row_counts():
+    """The timer is faked (each call runs once and counts as 0.5 s): what is timed, at which rows."""
+    ran = []
+
+    def fake_timer(call):
+        call()  # the products run: a shape mismatch or a bf16 op missing would raise here
+        ran.append(1)
+        return 0.5
+
+    shapes = ((8, 4), (4, 8))  # two layers whose input widths differ, as gate/up and down
+    packing = calibration.mkl_packing_available()
+    timings = calibration.measure(bf16=True, packing=packing, timer=fake_timer, shapes=shapes, decode_rows=(2, 3),
+                                  update_rows=5)
+    assert timings.float32 == {2: 0.5, 3: 0.5, 5: 0.5} and timings.bf16 == {2: 0.5, 3: 0.5, 5: 0.5}
+    assert timings.packed == ({2: 0.5, 3: 0.5} if packing else {})
+    plain = calibration.measure(bf16=False, packing=False, timer=fake_timer, shapes=shapes, decode_rows=(2, 3),
+                                update_rows=5)
+    assert plain == Timings({2: 0.5, 3: 0.5})  # without bf16 units the update's rows are not timed
+    assert len(ran) == 6 + 2 * packing + 2
