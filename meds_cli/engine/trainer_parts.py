@@ -100,7 +100,6 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     acc = accelerator or make_accelerator(cfg.train, **accelerator_kwargs(cfg.train.report_to, run_dir))
     world, rank = acc.num_processes, acc.process_index
     check_distributed_setup(acc, cfg.train.sharding)
-    say(acc, precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))
     check_batch_divides(cfg, world)
     task = build_task(cfg.task, cfg.train.seed)
     algorithm = build_algorithm(cfg, task)
@@ -116,6 +115,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     tracker = RunTracker(acc)
     model = apply_lora(model, cfg.model.lora)
     policy = prepare_policy(acc, model, cfg.train, cfg.optim, lambda text: say(acc, text))
+    # said once the task and the model are in: a run refused before then says only why
+    say(acc, precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))
     share_prompts = shares_prompts(cfg.train, policy.sharded)  # forwards run each prompt once
     update_settings = UpdateSettings.from_config(cfg, world, share_prompts)
     # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make

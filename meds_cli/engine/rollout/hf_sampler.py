@@ -304,8 +304,9 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         bf16 = cpu_bf16_autocast(self.model)
-        pack = (not bf16 and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
-                and (self.pack_weights if self.pack_weights is not None else cpu_fast_paths().paths.pack_float32))
+        pack = not bf16 and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS and (
+            self.pack_weights if self.pack_weights is not None  # else as calibrated, on a CPU only
+            else self._on_cpu() and cpu_fast_paths().paths.pack_float32)
         try:
             with (merged_lora(self.model) if self.merge_lora else nullcontext(),
                   packed_linears(self.model, bf16=bf16) if pack or bf16 else nullcontext()):
@@ -316,6 +317,9 @@ class HFEngine:
             self.model.train(was_training)
         # undo the splitting of batches_of: the samples of each request, in seed order
         return split_by_request(requests, [sample for part in out for sample in part])
+
+    def _on_cpu(self) -> bool:
+        return next(self.model.parameters()).device.type == "cpu"
 
     def policy_updated(self) -> None:
         pass
