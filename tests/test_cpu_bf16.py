@@ -94,10 +94,10 @@ def _mismatch(batch) -> float:
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
-def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, capsys, monkeypatch):
+def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, monkeypatch):
     cfg = tiny_config(*SMALL, "train.mixed_precision=bf16", "train.scoring_pass=always", "rollout.is_correction=tis")
     trainer = Trainer(cfg, tmp_path)
-    assert "precision: bf16 (train.mixed_precision: bf16)" in capsys.readouterr().err
+    assert trainer.precision == "precision: bf16 (train.mixed_precision: bf16)"  # said when training starts
     plans, plan = [], DecoderStep.plan.__func__
     monkeypatch.setattr(DecoderStep, "plan", classmethod(lambda cls, *a, **k: plans.append(plan(cls, *a, **k))
                                                          or plans[-1]))
@@ -145,3 +145,13 @@ def test_float32_decoding_packs_only_where_the_calibration_measured_packing_fast
     entered.clear()
     HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=True).generate(_requests(tokenizer), settings)
     assert entered == [{"bf16": False}]  # asked for explicitly: packed whatever was measured
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_training_starts_with_the_precision_line(tmp_path, capsys):
+    trainer = Trainer(tiny_config(*SMALL, "train.mixed_precision=no"), tmp_path)
+    assert "precision:" not in capsys.readouterr().err  # not before the run starts (a refused resume says only why)
+    trainer.train()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("precision:")]
+    assert lines == ["precision: float32 (train.mixed_precision: no)"]
+

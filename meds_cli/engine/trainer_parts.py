@@ -94,6 +94,7 @@ class TrainerParts:
     lens_probe: object  # the logit-lens values the engine records while sampling, or None
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
+    precision: str  # the line saying which precision the run computes in and why
 
 
 def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) -> TrainerParts:
@@ -115,8 +116,6 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     tracker = RunTracker(acc)
     model = apply_lora(model, cfg.model.lora)
     policy = prepare_policy(acc, model, cfg.train, cfg.optim, lambda text: say(acc, text))
-    # said once the task and the model are in: a run refused before then says only why
-    say(acc, precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))
     share_prompts = shares_prompts(cfg.train, policy.sharded)  # forwards run each prompt once
     update_settings = UpdateSettings.from_config(cfg, world, share_prompts)
     # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
@@ -152,4 +151,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
         forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
-        sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None)
+        sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
+        precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))
