@@ -18,6 +18,9 @@ The samplers run interleaved, round after round, so a busy machine slows them al
     instead of MKL's packed weights (engine/rollout/packed_linear.py), for before / after;
   - `modules` (asked for with --samplers): the `hf` engine with packed weights but every decode
     step through the model's forward instead of a DecoderStep (engine/rollout/decoder_step.py);
+  - `bf16` (asked for with --samplers): the `hf` engine under bf16 autocast on CPU, as a
+    train.mixed_precision bf16 run samples: bf16 copies of the weights made once per batch
+    (engine/rollout/packed_linear.py), float32 logits; only faster on a CPU with bf16 units;
   - `vllm` (asked for with --samplers): the `vllm` rollout engine serving the same policy, the
     adapter as a LoRARequest (float32, eager; needs the vllm package: `make setup-vllm`, then run
     with .venv-vllm/bin/python and OMP_NUM_THREADS set, or vLLM leaves torch one thread).
@@ -178,7 +181,8 @@ def main() -> None:
                   HFEngine(model, tokenizer.pad_token_id, batch_size=size, pack_weights=sampler != "unpacked",
                            direct_steps=sampler == "engine"))
         t0 = clock()
-        engine.generate(requests, settings)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sampler == "bf16"):
+            engine.generate(requests, settings)
         return clock() - t0
 
     times = {(s, n, N, r): [] for s in samplers for n in sizes for N in lengths for r in ranks}

@@ -16,10 +16,17 @@ alternate within a round, so a busy machine slows them alike. Printed: the media
 seconds per step of each system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
 checkout (for before/after figures in one run).
 
+`--precision fp32,bf16` runs every system at each precision, as a user would ask for it: TRL
+with bf16=False (fp32) and with its default bf16=True, meds with train.mixed_precision=no and
+bf16 (on a CPU: bf16 autocast for the update and the scoring pass, decoding from bf16 weight
+copies, float32 master weights). The ratio column is then over TRL's fastest precision at the
+shape, and a last table puts each tool's fastest side by side. Without bf16 units (AVX2, or
+AVX512 without AVX512-BF16/AMX) bf16 is emulated and slower on both sides.
+
 Needs TRL: pip install -e '.[bench]'   (or pip install trl; it leaves torch alone)
 
     python scripts/bench_vs_trl.py [--rounds 3] [--steps 3] [--shapes 2x4x32,2x4x128,2x4x512,4x8x48]
-                                   [--baseline-tree ../main]
+                                   [--baseline-tree ../main] [--precision fp32,bf16]
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MICRO_BATCH = 8
+PRECISIONS = ("fp32", "bf16")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -62,7 +70,7 @@ def meds_prompts(prompts: int):
     return [task.prompt(task.train[i], tokenizer) for i in range(prompts)], model, tokenizer
 
 
-def run_trl(shape, steps: int) -> list[tuple[float, float]]:
+def run_trl(shape, steps: int, precision: str = "fp32") -> list[tuple[float, float]]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -85,7 +93,8 @@ def run_trl(shape, steps: int) -> list[tuple[float, float]]:
         return [float(sum(map(ord, c)) % 3) for c in completions]
 
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=False, fp16=False, seed=0,
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), use_cpu=True, bf16=precision == "bf16", fp16=False,
+        seed=0,
         per_device_train_batch_size=min(MICRO_BATCH, batch), gradient_accumulation_steps=max(1, batch // MICRO_BATCH),
         num_generations=group, max_completion_length=tokens, temperature=1.0, top_p=1.0,
         generation_kwargs={"min_new_tokens": tokens}, beta=0.0, num_iterations=1, learning_rate=1e-5,
@@ -100,7 +109,7 @@ def run_trl(shape, steps: int) -> list[tuple[float, float]]:
     return times
 
 
-def run_meds(shape, steps: int) -> list[tuple[float, float]]:
+def run_meds(shape, steps: int, precision: str = "fp32") -> list[tuple[float, float]]:
     try:
         from meds_cli.engine.config import RolloutConfig, load_config
         from meds_cli.engine.trainer import Trainer
@@ -116,6 +125,7 @@ def run_meds(shape, steps: int) -> list[tuple[float, float]]:
         "rollout.temperature=1.0", "rollout.top_p=1.0", "grpo.kl_coef=0", "model.lora.rank=16", "model.lora.alpha=32",
         f"train.micro_batch_size={MICRO_BATCH}", f"train.steps={steps}", "train.checkpoint_every=0",
         "optim.lr=1e-5", "optim.warmup_steps=0",
+        f"train.mixed_precision={'bf16' if precision == 'bf16' else 'no'}",
     ]
     if "min_new_tokens" in {f.name for f in dataclasses.fields(RolloutConfig)}:
         overrides.append(f"rollout.min_new_tokens={tokens}")
@@ -155,14 +165,16 @@ def _drop_stop_ids():
 # ---------------------------------------------------------------- the parent
 
 
-def one_run(system: str, shape: str, steps: int, tree: Path, threads: int) -> list[tuple[float, float]]:
+def one_run(system: str, shape: str, steps: int, tree: Path, threads: int,
+            precision: str = "fp32") -> list[tuple[float, float]]:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     # Every system waits the way meds does by default (spinning threads on a shared machine would
     # slow whichever side loaded torch before meds_cli could ask for passive waiting).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--shape", shape, "--steps", str(steps)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--shape", shape, "--steps", str(steps),
+           "--precision", precision]
     result = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("STEP-TIMES ")]
     if result.returncode or not lines:
@@ -179,25 +191,33 @@ def main() -> None:
     parser.add_argument("--baseline-tree", type=Path, help="another meds checkout, timed as 'meds-baseline'")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads in every process (0: each decides); 1 gives steadier CPU times when busy")
+    parser.add_argument("--precision", default="fp32",
+                        help="comma-separated, of fp32 and bf16: TRL bf16=False / True, meds mixed_precision no / bf16")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    precisions = args.precision.split(",")
+    if any(p not in PRECISIONS for p in precisions):
+        raise SystemExit(f"--precision {args.precision}: accepted values are {', '.join(PRECISIONS)}, comma-separated")
     if args.worker:
         run = run_trl if args.worker == "trl" else run_meds
-        print("STEP-TIMES " + json.dumps(run(parse_shape(args.shape), args.steps)), flush=True)
+        print("STEP-TIMES " + json.dumps(run(parse_shape(args.shape), args.steps, precisions[0])), flush=True)
         return
 
-    systems = {"trl": ROOT, "meds": ROOT}
+    tools = {"trl": ROOT, "meds": ROOT}
     if args.baseline_tree:
-        systems["meds-baseline"] = args.baseline_tree.resolve()
+        tools["meds-baseline"] = args.baseline_tree.resolve()
+    # system name -> (tool, tree, precision); one precision keeps the tools' plain names
+    systems = {(tool if len(precisions) == 1 else f"{tool} {p}"): (tool, tree, p)
+               for p in precisions for tool, tree in tools.items()}
     shapes = args.shapes.split(",")
     per_step = {(s, shape): [] for s in systems for shape in shapes}
     for round_ in range(args.rounds):
         for shape in shapes:
-            for system, tree in systems.items():
-                worker = "trl" if system == "trl" else "meds"
-                times = one_run(worker, shape, args.steps, tree, args.threads)[1:]
+            for system, (tool, tree, precision) in systems.items():
+                worker = "trl" if tool == "trl" else "meds"
+                times = one_run(worker, shape, args.steps, tree, args.threads, precision)[1:]
                 per_step[(system, shape)].extend(times)
                 print(f"round {round_ + 1} {shape:>8} {system:>13}: " +
                       ", ".join(f"{w:.1f} s ({c:.1f} CPU)" for w, c in times), flush=True)
@@ -205,16 +225,34 @@ def main() -> None:
     print(f"\nmedian seconds per step ({args.rounds} rounds x {args.steps - 1} timed steps; "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(f"{'shape':>8} {'system':>13} {'wall s':>8} {'CPU s':>8} {'wall / TRL':>11} {'CPU / TRL':>10}")
+    wall_of = {key: statistics.median(w for w, _ in times) for key, times in per_step.items()}
+    cpu_of = {key: statistics.median(c for _, c in times) for key, times in per_step.items()}
     for shape in shapes:
-        trl_wall = statistics.median(w for w, _ in per_step[("trl", shape)])
-        trl_cpu = statistics.median(c for _, c in per_step[("trl", shape)])
+        trl = [s for s, (tool, _, _) in systems.items() if tool == "trl"]
+        trl_wall, trl_cpu = min(wall_of[(s, shape)] for s in trl), min(cpu_of[(s, shape)] for s in trl)
         for system in systems:
-            wall = statistics.median(w for w, _ in per_step[(system, shape)])
-            cpu = statistics.median(c for _, c in per_step[(system, shape)])
+            wall, cpu = wall_of[(system, shape)], cpu_of[(system, shape)]
             print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
+    if len(precisions) > 1:
+        print_fastest(wall_of, systems, tools, shapes)
     for clock, column in (("wall", 0), ("CPU", 1)):  # CPU: steadier where the load changes during the run
         medians = {key: statistics.median(t[column] for t in times) for key, times in per_step.items()}
         print_growth(medians, systems, shapes, clock)
+
+
+def print_fastest(wall_of: dict, systems: dict, tools: dict, shapes: list[str]) -> None:
+    """Each tool's fastest precision at each shape (median wall seconds), and its ratio over TRL's
+    fastest: the comparison a user makes, each tool run as well as it runs here."""
+    print("\nfastest precision of each tool (median wall s a step), and over TRL's fastest")
+    print(f"{'shape':>8} " + " ".join(f"{tool:>22}" for tool in tools) + f" {'ratio':>22}")
+    for shape in shapes:
+        best = {}
+        for tool in tools:
+            wall, system = min((wall_of[(s, shape)], s) for s, (t, _, _) in systems.items() if t == tool)
+            best[tool] = (wall, systems[system][2])
+        cells = " ".join(f"{f'{w:.2f} ({p})':>22}" for w, p in best.values())
+        ratios = ", ".join(f"{tool} {best[tool][0] / best['trl'][0]:.2f}" for tool in tools if tool != "trl")
+        print(f"{shape:>8} {cells} {ratios:>22}")
 
 
 def print_growth(medians: dict, systems, shapes: list[str], clock: str) -> None:

@@ -8,6 +8,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No CPU calibration (meds_cli/core/cpu_calibration.py): float32 and MKL packing wherever it can,
+# so the suite's numbers are the same on every CPU; its tests pass their own environment.
+os.environ.setdefault("MEDS_CPU_FAST_PATHS", "default")
 
 from meds_cli.engine.config import load_config  # noqa: E402
 

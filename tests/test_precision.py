@@ -18,6 +18,7 @@ from meds_cli.engine.training.precision import low_precision_training_warning, r
     ("auto", {"ACCELERATE_MIXED_PRECISION": ""}, False, "no"),
 ])
 def test_mixed_precision_source(setting, environ, gpu_bf16, expected):
+    environ = {**environ, "MEDS_CPU_FAST_PATHS": "default"}  # a CPU without calibration: float32
     assert resolve_mixed_precision(setting, environ=environ, gpu_bf16=gpu_bf16) == expected
 
 

@@ -166,7 +166,8 @@ class TrainConfig:
                                   "row longer than this runs alone (0: micro_batch_size rows at the batch's width)",
                                   at_least(0))
     mixed_precision: str = choice("auto", MIXED_PRECISION, "autocast: auto = the `accelerate launch` value, else "
-                                  "bf16 on a GPU, no on CPU; weights stay in model.dtype")
+                                  "bf16 on a GPU, on a CPU bf16 where it has bf16 units and measured faster (a "
+                                  "calibration cached per CPU model), else no; weights stay in model.dtype")
     gradient_checkpointing: bool = doc(False, "recompute each decoder layer in the backward pass: activation memory "
                                        "of one layer instead of all, about a third more compute (works with LoRA)")
     sharding: str = choice("none", SHARDINGS, "none: DDP over several processes; fsdp2: parameters, gradients and "

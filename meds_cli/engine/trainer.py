@@ -58,6 +58,7 @@ class Trainer:
         self.share_prompts, self.update_settings = parts.share_prompts, parts.update_settings
         self.forward_needs, self.lens_probe, self.scoring = parts.forward_needs, parts.lens_probe, parts.scoring
         self.sampler_is_full_softmax = parts.sampler_is_full_softmax
+        self.precision = parts.precision  # "precision: bf16 (why)", said when training starts
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -111,6 +112,7 @@ class Trainer:
     def train(self, on_step=None) -> list[dict]:
         """Run to cfg.train.steps; a first Ctrl-C finishes the step, checkpoints and stops."""
         rows = []
+        self._say(self.precision)
         previous = signal.getsignal(signal.SIGINT)
         if self.acc.is_main_process and hasattr(signal, "SIGINT"):
             signal.signal(signal.SIGINT, self._request_stop)

@@ -26,6 +26,7 @@ from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.engine.training.collectives import Collectives
 from meds_cli.engine.training.importance import truncation_of_sampler
+from meds_cli.engine.training.precision import choose_mixed_precision, precision_line
 from meds_cli.engine.training.scoring import has_active_dropout, scoring_pass, shares_prompts
 from meds_cli.engine.training.seeding import seed_everything
 from meds_cli.engine.training.sharding import check_distributed_setup, make_accelerator
@@ -51,6 +52,15 @@ def say(acc, text: str) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(text)
+
+
+def precision_reason(setting: str, acc, given_accelerator) -> str:
+    """Why the run computes in its precision (engine/training/precision.py); a caller's own
+    Accelerator set it where its value differs from the config's choice."""
+    value, why = choose_mixed_precision(setting)
+    if given_accelerator is not None and value is not None and value != acc.mixed_precision:
+        return "the Accelerator given to the trainer"
+    return why
 
 
 def check_batch_divides(cfg, world: int) -> None:
@@ -84,6 +94,7 @@ class TrainerParts:
     lens_probe: object  # the logit-lens values the engine records while sampling, or None
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
+    precision: str  # the line saying which precision the run computes in and why
 
 
 def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) -> TrainerParts:
@@ -140,4 +151,5 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
         forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
-        sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None)
+        sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
+        precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))

@@ -14,7 +14,9 @@ bit-identical to the model's forward (tests/test_decoder_step.py compares them).
 It applies only where that holds, and `plan` returns None otherwise: model types llama and qwen2
 with full attention in every layer and sdpa or eager attention; every linear layer packed (inside
 packed_linears) and any LoRA adapter merged (inside merged_lora); no hook or replaced forward on
-any module, except a logit-lens recorder's, whose states the step hands it itself (MEDS).
+any module, except a logit-lens recorder's, whose states the step hands it itself (MEDS), and
+Accelerate's mixed-precision wrapper of the model's forward while its autocast is on (bf16 on a
+CPU: the weights are then bf16 copies, engine/rollout/packed_linear.py).
 A step whose row count the weights are not packed for returns None too: the loop runs the
 model's forward, which packs them.
 """
@@ -88,7 +90,7 @@ class DecoderStep:
 
     def __call__(self, tokens: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache):
         rows = tokens.shape[0]
-        if any(group.packed_rows != rows for group in self.groups):
+        if not all(group.ready_for(rows) for group in self.groups):
             return None
         body = self.body
         hidden = body.embed_tokens.forward(tokens)
@@ -148,6 +150,16 @@ def _untouched(model, allowed_hooks: set[int]) -> bool:
     for m in model.modules():
         if set(m._forward_hooks) - allowed_hooks or set(m._forward_pre_hooks) - allowed_hooks:
             return False
-        if ("forward" in m.__dict__ and packed_group(m) is None) or _live_adapter(m):
+        if ("forward" in m.__dict__ and packed_group(m) is None and not _autocast_wrapper(m, model)) \
+                or _live_adapter(m):
             return False
     return True
+
+
+def _autocast_wrapper(module, model) -> bool:
+    """Whether `module` is the model itself with Accelerate's mixed-precision forward (autocast,
+    outputs to float32; Accelerate keeps the original as `_original_forward`), met while that
+    autocast is on anyway: the trainer samples under the update's autocast (bf16 on a CPU), so
+    the step, computing under it, computes what the wrapper would."""
+    return (module is model and hasattr(module, "_original_forward")
+            and torch.is_autocast_enabled(next(module.parameters()).device.type))

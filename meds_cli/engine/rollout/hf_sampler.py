@@ -14,7 +14,9 @@ generate's general machinery costs time that this shape does not need. The loop 
     `host_read`; top_p < 1 adds one, two where a nucleus passes its first look): on a GPU each read
     makes the host wait for the queued kernels, so everything else stays on the device;
   - on CPU, multiplies weights packed for MKL once per decode batch (engine/rollout/packed_linear.py),
-    for responses long enough to pay for the packing, and runs the decode steps of Llama-layout
+    for responses long enough to pay for the packing where this CPU's calibration measured packing
+    faster (meds_cli/core/cpu_calibration.py), or, under bf16 autocast, bf16 copies of the
+    weights made once per decode batch (logits and sampling in float32), and runs the decode steps of Llama-layout
     models over those weights without the model's module calls (engine/rollout/decoder_step.py).
 It returns the sampler's log-prob of each token under the distribution it sampled from
 (temperature and top-p applied), for importance-sampling corrections and mismatch metrics, and,
@@ -28,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from meds_cli.core.cpu_calibration import cpu_fast_paths
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
 from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
@@ -275,6 +278,14 @@ def batches_of(requests: Sequence[SampleRequest], rows: int) -> list[list[Sample
     return batches
 
 
+def cpu_bf16_autocast(model) -> bool:
+    """Whether `model` (on CPU) is asked to compute under bf16 autocast: the trainer samples under
+    the update's autocast (train.mixed_precision bf16 on CPU), and decoding then multiplies bf16
+    copies of the weights, made once per batch (packed_linears)."""
+    return (next(model.parameters()).device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
 class HFEngine:
     """The rollout engine on the training model: nothing to push after an update (it samples
     from the live weights), nothing to release."""
@@ -282,8 +293,10 @@ class HFEngine:
     name = "hf"
     reads_policy_weights = True  # it decodes with the live (gathered) policy
 
-    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True, pack_weights: bool = True,
-                 direct_steps: bool = True):
+    def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True,
+                 pack_weights: bool | None = None, direct_steps: bool = True):
+        """`pack_weights`: decode float32 through MKL's packed matmul; None: where this CPU's
+        calibration (core/cpu_calibration.py) measured it faster."""
         self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
         self.merge_lora, self.pack_weights, self.direct_steps = merge_lora, pack_weights, direct_steps
         self.records_lens = can_record_lens(model)
@@ -291,10 +304,13 @@ class HFEngine:
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         was_training = self.model.training
         self.model.eval()
-        pack = self.pack_weights and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
+        bf16 = cpu_bf16_autocast(self.model)
+        pack = not bf16 and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS and (
+            self.pack_weights if self.pack_weights is not None  # else as calibrated, on a CPU only
+            else self._on_cpu() and cpu_fast_paths().paths.pack_float32)
         try:
             with (merged_lora(self.model) if self.merge_lora else nullcontext(),
-                  packed_linears(self.model) if pack else nullcontext()):
+                  packed_linears(self.model, bf16=bf16) if pack or bf16 else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
                     out.extend(decode(self.model, batch, settings, self.pad_id, direct_steps=self.direct_steps))
@@ -302,6 +318,9 @@ class HFEngine:
             self.model.train(was_training)
         # undo the splitting of batches_of: the samples of each request, in seed order
         return split_by_request(requests, [sample for part in out for sample in part])
+
+    def _on_cpu(self) -> bool:
+        return next(self.model.parameters()).device.type == "cpu"
 
     def policy_updated(self) -> None:
         pass

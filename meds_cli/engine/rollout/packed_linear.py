@@ -12,15 +12,22 @@ The packed matmul sums in MKL's own order: a token's log-prob moves by float32 r
 1e-5 on SmolLM2), as it does between batch sizes or between CPUs, so a draw can differ from
 the unpacked one where two tokens' cumulative probabilities meet at the uniform. Layers are
 left alone on a GPU, in float64 or half precision, under autocast and where gradients flow.
+
+With `bf16` (a CPU run computing under bf16 autocast, engine/training/precision.py) the same
+groups multiply bf16 copies of the weights instead, made once per decode batch as the packed
+copies are: autocast would otherwise convert every float32 weight to bf16 again at every step
+(decoding took twice as long as in float32, issue 36). The product is autocast's own (input
+rounded to bf16, bf16 weights, bf16 output), so decoding computes what the scoring pass and the
+update compute under autocast.
 """
 
 from __future__ import annotations
 
-import functools
 from contextlib import contextmanager
 
 import torch
 
+from meds_cli.core.cpu_calibration import mkl_packing_available
 from meds_cli.engine.rollout.decode_rows import free_memory
 
 # the packed copies may take at most 1 / PACKED_MEMORY_SHARE of the free memory
@@ -34,17 +41,17 @@ PACKED_ROWS_MOST = 256
 PACKED_MIN_NEW_TOKENS = 16
 
 
-@functools.cache
-def _mkl_packing_available() -> bool:
-    return (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
-            and hasattr(torch.ops.mkl, "_mkl_linear"))
-
-
-def can_pack(weight: torch.Tensor) -> bool:
-    """Whether `weight` (a linear layer's) can go through MKL's packed matmul: a plain float32
-    CPU tensor, with torch built with MKL and its packing ops present."""
+def can_pack(weight: torch.Tensor, bf16: bool = False) -> bool:
+    """Whether `weight` (a linear layer's) can be copied for the decode loop: a plain float32 CPU
+    tensor; for MKL's packed matmul (not `bf16`), with torch built with MKL and its packing ops."""
     return (type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and weight.dim() == 2 and _mkl_packing_available())
+            and weight.dim() == 2 and (bf16 or mkl_packing_available()))
+
+
+def bf16_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A bf16 copy of a weight, the rounding autocast applies (the one conversion a decode batch
+    makes of each weight; tests count the calls)."""
+    return tensor.to(torch.bfloat16)
 
 
 # Linear layers that transformers' decoder layers call one after another on the same input
@@ -62,13 +69,19 @@ class _PackedGroup:
     copy is made for the row count of two inputs in a row: not for a prefill's many rows, once
     per decode batch, and again after the loop drops finished rows (up to PACKED_ROWS_MOST)."""
 
-    def __init__(self, layers: list[torch.nn.Linear]):
-        self.layers = layers
+    def __init__(self, layers: list[torch.nn.Linear], bf16: bool = False):
+        self.layers, self.bf16 = layers, bf16
         self.widths = [layer.out_features for layer in layers]
         self.input, self.input_version, self.input_rows, self.outputs = None, -1, 0, None
         self.packed_rows, self.packed, self.weight, self.bias = 0, None, None, None
 
+    def ready_for(self, rows: int) -> bool:
+        """Whether `multiply` takes inputs of `rows` rows (packed float32: packed for that many)."""
+        return self.bf16 or rows == self.packed_rows
+
     def forward(self, member: int, x: torch.Tensor, unpacked_forward) -> torch.Tensor:
+        if self.bf16:
+            return self._bf16_forward(member, x, unpacked_forward)
         if (x.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
                 or (torch.is_grad_enabled() and (x.requires_grad or self.layers[member].weight.requires_grad))):
             return unpacked_forward(x)
@@ -81,19 +94,38 @@ class _PackedGroup:
                 self.outputs = self.multiply(x)
         return unpacked_forward(x) if self.outputs is None else self.outputs[member]
 
+    def _bf16_forward(self, member: int, x: torch.Tensor, unpacked_forward) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16) or (
+                torch.is_grad_enabled() and (x.requires_grad or self.layers[member].weight.requires_grad)):
+            return unpacked_forward(x)
+        if x is not self.input or x._version != self.input_version:
+            self.input, self.input_version, self.outputs = x, x._version, self.multiply(x)
+        return self.outputs[member]
+
     def multiply(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Every member's output for `x`, from the packed weight (packed for x's row count), as
-        the members' forwards return them (engine/rollout/decoder_step.py calls this directly)."""
+        """Every member's output for `x`, from the packed weight (packed for x's row count) or the
+        bf16 copy, as the members' forwards return them (engine/rollout/decoder_step.py calls
+        this directly)."""
         flat = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, flat.shape[0])
+        if self.bf16:
+            if self.weight is None:  # at the first call (LoRA's own matrices, merged away, never are)
+                self._stack()
+                self.weight = bf16_copy(self.weight)
+                self.bias = bf16_copy(self.bias) if self.bias is not None else None
+            out = torch.nn.functional.linear(flat.to(torch.bfloat16), self.weight, self.bias)
+        else:
+            out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, flat.shape[0])
         return out.view(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
+
+    def _stack(self) -> None:
+        weights = [layer.weight.detach() for layer in self.layers]
+        self.weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        biases = [layer.bias.detach() for layer in self.layers if layer.bias is not None]
+        self.bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
 
     def _pack(self, rows: int) -> None:
         if self.weight is None:
-            weights = [layer.weight.detach() for layer in self.layers]
-            self.weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-            biases = [layer.bias.detach() for layer in self.layers if layer.bias is not None]
-            self.bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
+            self._stack()
         self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
         self.packed_rows = rows
 
@@ -131,21 +163,22 @@ def _member_forward(group: _PackedGroup, member: int, unpacked_forward):
 
 
 @contextmanager
-def packed_linears(model: torch.nn.Module):
+def packed_linears(model: torch.nn.Module, *, bf16: bool = False):
     """Within the block, every torch.nn.Linear of `model` whose weight can_pack multiplies a
-    packed copy of its weight (stacked with the layers that share its input); on exit each
-    layer has its own forward back and the copies are freed. Pack inside any context that swaps
-    weights (merged_lora), so the copies are of the weights in use. Nothing is packed where the
-    copies (up to three times the weights' size: stacked weights, and MKL pads its panels) would
-    take more than a quarter of the free memory."""
-    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight)]
-    copies = 3 * sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    packed copy of its weight (stacked with the layers that share its input; with `bf16`, a bf16
+    copy); on exit each layer has its own forward back and the copies are freed. Pack inside any
+    context that swaps weights (merged_lora), so the copies are of the weights in use. Nothing is
+    packed where the copies (packed: up to three times the weights' size, stacked weights and
+    MKL's padded panels; bf16: half) would take more than a quarter of the free memory."""
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight, bf16)]
+    size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    copies = size // 2 if bf16 else 3 * size
     if layers and copies * PACKED_MEMORY_SHARE > free_memory(layers[0].weight.device):
         layers = []
     patched = []
     try:
         for group in _same_input_groups(model, layers):
-            shared = _PackedGroup(group)
+            shared = _PackedGroup(group, bf16)
             for member, layer in enumerate(group):
                 own = layer.__dict__.get("forward")  # a hook library's wrapper, kept and restored
                 layer.forward = _member_forward(shared, member, own or layer.__class__.forward.__get__(layer))

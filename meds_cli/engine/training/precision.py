@@ -9,7 +9,15 @@ Where the autocast setting comes from, first match wins:
 1. train.mixed_precision when the config sets it (no, bf16, fp16);
 2. `accelerate launch --mixed_precision` or the launch file's value (Accelerate passes it to the
    processes in ACCELERATE_MIXED_PRECISION), left for Accelerate to read;
-3. bf16 on a GPU that supports it, otherwise no.
+3. bf16 on a GPU that supports it; on a CPU, bf16 where it has bf16 matrix units (AMX-BF16,
+   AVX512-BF16, not capped by ONEDNN_MAX_CPU_ISA) and bf16 linear layers measured at least 1.1x
+   faster than float32 on it (meds_cli/core/cpu_calibration.py, cached per CPU model); otherwise no.
+
+On a CPU, bf16 autocast is torch.autocast("cpu", torch.bfloat16) (Accelerate's autocast for
+mixed_precision bf16): the update and the scoring pass compute in bf16 while the LoRA weights,
+their gradients and AdamW's state stay float32, and the hf engine decodes from bf16 copies of
+the weights made once per batch (engine/rollout/packed_linear.py). The run says in one line
+which precision it computes in and why (precision_line).
 """
 
 from __future__ import annotations
@@ -19,21 +27,44 @@ from typing import Mapping
 
 import torch
 
+from meds_cli.core.cpu_calibration import cpu_fast_paths
+
 MIXED_PRECISION = ["auto", "no", "bf16", "fp16"]
 LAUNCH_VARIABLE = "ACCELERATE_MIXED_PRECISION"
+
+
+def choose_mixed_precision(setting: str, *, environ: Mapping[str, str] | None = None, gpu_bf16: bool | None = None,
+                           on_gpu: bool | None = None, cpu_paths=cpu_fast_paths) -> tuple[str | None, str]:
+    """(the value to hand Accelerator(mixed_precision=...), why): None lets Accelerate use the
+    launch's. `cpu_paths(environ)` is asked only for auto on a CPU."""
+    environ = os.environ if environ is None else environ
+    if setting != "auto":
+        return setting, f"train.mixed_precision: {setting}"
+    if environ.get(LAUNCH_VARIABLE):
+        return None, f"accelerate launch --mixed_precision {environ[LAUNCH_VARIABLE]}"
+    if gpu_bf16 is None:
+        gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if on_gpu is None:
+        on_gpu = torch.cuda.is_available()
+    if gpu_bf16:
+        return "bf16", "GPU with bf16"
+    if on_gpu:
+        return "no", "GPU without bf16"
+    calibration = cpu_paths(environ)
+    why = calibration.paths.why + (f", {calibration.source}" if calibration.source.startswith("calibrated") else "")
+    return ("bf16" if calibration.paths.bf16 else "no"), why
 
 
 def resolve_mixed_precision(setting: str, *, environ: Mapping[str, str] | None = None,
                             gpu_bf16: bool | None = None) -> str | None:
     """The value to hand Accelerator(mixed_precision=...): None lets Accelerate use the launch's."""
-    environ = os.environ if environ is None else environ
-    if setting != "auto":
-        return setting
-    if environ.get(LAUNCH_VARIABLE):
-        return None
-    if gpu_bf16 is None:
-        gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return "bf16" if gpu_bf16 else "no"
+    return choose_mixed_precision(setting, environ=environ, gpu_bf16=gpu_bf16)[0]
+
+
+def precision_line(in_effect: str | None, why: str) -> str:
+    """The run's one line on its precision: `in_effect` is the Accelerator's mixed_precision."""
+    name = {"no": "float32", None: "float32"}.get(in_effect, in_effect)
+    return f"precision: {name} ({why})"
 
 
 def low_precision_training_warning(parameters, optimizer_name: str = "AdamW") -> str | None:
