@@ -3,7 +3,8 @@
 What is fastest differs between CPUs: MKL's packed float32 matmul (engine/rollout/packed_linear.py)
 saved 30% of a decode step on an Intel Xeon and cost 24% on an AMD EPYC; bf16 linear layers
 took 1.3-3.8x less time than float32 on a Xeon with AMX-BF16, 1.5-2.1x on an EPYC with
-AVX512-BF16, and are emulated (slower than float32) on a CPU without bf16 units (issue 36). So
+AVX512-BF16, and are emulated (slower than float32) on a CPU without bf16 units
+(2-core cloud machines of each kind, SmolLM2's layers). So
 each path is chosen by timing it here, on linear layers of SmolLM2's shapes at the row counts
 of a decode step (8, 64) and of an update's micro-batch (1,536): plain float32 F.linear against
 the MKL-packed product, and, where the CPU has bf16 units, against F.linear on bf16 copies of

@@ -16,7 +16,7 @@ left alone on a GPU, in float64 or half precision, under autocast and where grad
 With `bf16` (a CPU run computing under bf16 autocast, engine/training/precision.py) the same
 groups multiply bf16 copies of the weights instead, made once per decode batch as the packed
 copies are: autocast would otherwise convert every float32 weight to bf16 again at every step
-(decoding took twice as long as in float32, issue 36). The product is autocast's own (input
+(decoding took twice as long as in float32 on a Xeon with AMX-BF16). The product is autocast's own (input
 rounded to bf16, bf16 weights, bf16 output), so decoding computes what the scoring pass and the
 update compute under autocast.
 """
