@@ -106,11 +106,13 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _cpuinfo_lines() -> list[str]:
+@functools.cache
+def _cpuinfo_lines() -> tuple[str, ...]:
+    """/proc/cpuinfo, read once (a line per core and flag set: large on a many-core machine)."""
     try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
+        return tuple(Path("/proc/cpuinfo").read_text().splitlines())
     except OSError:
-        return []
+        return ()
 
 
 @functools.cache
@@ -172,14 +174,15 @@ def measure(*, bf16: bool, packing: bool, timer: Callable[[Callable[[], object]]
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=generator) / shape[1] ** 0.5 for shape in shapes]
     all_rows = (*decode_rows, update_rows) if bf16 else tuple(decode_rows)  # float32's update rows: for bf16 only
-    inputs = {r: torch.randn(r, shapes[0][1], generator=generator) for r in all_rows}
-    wide = {r: torch.randn(r, max(s[1] for s in shapes), generator=generator) for r in all_rows}
+    widest = max(s[1] for s in shapes)
+    # one input per row count, each layer reading as many of its columns as it takes
+    inputs = {r: torch.randn(r, widest, generator=generator) for r in all_rows}
+    layer_inputs = {r: [inputs[r][:, :w.shape[1]].contiguous() for w in weights] for r in all_rows}
 
     def products(rows: int, ws):
         def run():
             with torch.no_grad():
-                for w in ws:
-                    x = inputs[rows] if w.shape[1] == inputs[rows].shape[1] else wide[rows][:, :w.shape[1]]
+                for w, x in zip(ws, layer_inputs[rows]):
                     torch.nn.functional.linear(x.to(w.dtype), w)
         return run
 
@@ -188,10 +191,8 @@ def measure(*, bf16: bool, packing: bool, timer: Callable[[Callable[[], object]]
     if packing:
         for r in decode_rows:
             packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, r) for w in weights]
-            xs = [inputs[r] if w.shape[1] == inputs[r].shape[1] else wide[r][:, :w.shape[1]].contiguous()
-                  for w in weights]
 
-            def run(packs=packs, xs=xs, r=r):
+            def run(packs=packs, xs=layer_inputs[r], r=r):
                 for p, w, x in zip(packs, weights, xs):
                     torch.ops.mkl._mkl_linear(x, p, w, None, r)
             packed[r] = timer(run)

@@ -298,6 +298,8 @@ class HFEngine:
         """`pack_weights`: decode float32 through MKL's packed matmul; None: where this CPU's
         calibration (core/cpu_calibration.py) measured it faster."""
         self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
+        if pack_weights is None:  # asked once here, not at every generate: the CPU does not change
+            pack_weights = next(model.parameters()).device.type == "cpu" and cpu_fast_paths().paths.pack_float32
         self.merge_lora, self.pack_weights, self.direct_steps = merge_lora, pack_weights, direct_steps
         self.records_lens = can_record_lens(model)
 
@@ -305,9 +307,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         bf16 = cpu_bf16_autocast(self.model)
-        pack = not bf16 and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS and (
-            self.pack_weights if self.pack_weights is not None  # else as calibrated, on a CPU only
-            else self._on_cpu() and cpu_fast_paths().paths.pack_float32)
+        pack = not bf16 and self.pack_weights and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
         try:
             with (merged_lora(self.model) if self.merge_lora else nullcontext(),
                   packed_linears(self.model, bf16=bf16) if pack or bf16 else nullcontext()):
@@ -318,9 +318,6 @@ class HFEngine:
             self.model.train(was_training)
         # undo the splitting of batches_of: the samples of each request, in seed order
         return split_by_request(requests, [sample for part in out for sample in part])
-
-    def _on_cpu(self) -> bool:
-        return next(self.model.parameters()).device.type == "cpu"
 
     def policy_updated(self) -> None:
         pass
