@@ -180,8 +180,10 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
     from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 
+    # this process's share of the cores (accelerate launch starts several), set first: the CPU
+    # calibration that may choose the precision times at the thread count the run computes with
+    configure_torch_threads()
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
-    configure_torch_threads()  # this process's share of the cores (accelerate launch starts several)
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
     run_dir = plan.run_dir

@@ -12,6 +12,9 @@ Where the autocast setting comes from, first match wins:
 3. bf16 on a GPU that supports it; on a CPU, bf16 where it has bf16 matrix units (AMX-BF16,
    AVX512-BF16, not capped by ONEDNN_MAX_CPU_ISA) and bf16 linear layers measured at least 1.1x
    faster than float32 on it (meds_cli/core/cpu_calibration.py, cached per CPU model); otherwise no.
+   In a launch of several processes, process 0's calibration decides for all of them
+   (process_zeros_answer): processes timing at once on shared cores, or on machines of different
+   kinds, could each choose differently, and DDP and FSDP2 need one precision everywhere.
 
 On a CPU, bf16 autocast is torch.autocast("cpu", torch.bfloat16) (Accelerate's autocast for
 mixed_precision bf16): the update and the scoring pass compute in bf16 while the LoRA weights,
@@ -23,7 +26,7 @@ which precision it computes in and why (precision_line).
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -33,10 +36,24 @@ MIXED_PRECISION = ["auto", "no", "bf16", "fp16"]
 LAUNCH_VARIABLE = "ACCELERATE_MIXED_PRECISION"
 
 
+def process_zeros_answer(decide: Callable[[], object]):
+    """decide() as process 0 answers it, in every process of the launch (torch.distributed's
+    process group, when one is joined); decide() itself runs on process 0 only."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return decide()
+    answer = [decide() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(answer, src=0)
+    return answer[0]
+
+
 def choose_mixed_precision(setting: str, *, environ: Mapping[str, str] | None = None, gpu_bf16: bool | None = None,
-                           on_gpu: bool | None = None, cpu_paths=cpu_fast_paths) -> tuple[str | None, str]:
+                           on_gpu: bool | None = None, cpu_paths=cpu_fast_paths,
+                           agree=process_zeros_answer) -> tuple[str | None, str]:
     """(the value to hand Accelerator(mixed_precision=...), why): None lets Accelerate use the
-    launch's. `cpu_paths(environ)` is asked only for auto on a CPU."""
+    launch's. `cpu_paths(environ)` is asked only for auto on a CPU, through `agree` (process 0's
+    answer for every process)."""
     environ = os.environ if environ is None else environ
     if setting != "auto":
         return setting, f"train.mixed_precision: {setting}"
@@ -50,7 +67,7 @@ def choose_mixed_precision(setting: str, *, environ: Mapping[str, str] | None = 
         return "bf16", "GPU with bf16"
     if on_gpu:
         return "no", "GPU without bf16"
-    calibration = cpu_paths(environ)
+    calibration = agree(lambda: cpu_paths(environ))
     why = calibration.paths.why + (f", {calibration.source}" if calibration.source.startswith("calibrated") else "")
     return ("bf16" if calibration.paths.bf16 else "no"), why
 

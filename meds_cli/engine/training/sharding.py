@@ -48,6 +48,13 @@ def make_accelerator(train_cfg, **extra):
     from meds_cli.engine.training.precision import resolve_mixed_precision
 
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=train_cfg.dist_timeout_s))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # join the process group before the Accelerator (which reuses it, as it would have made
+        # it), so that the processes can take process 0's choice of precision
+        from accelerate import PartialState
+        from accelerate.utils import parse_flag_from_env
+
+        PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"), **timeout.to_kwargs())  # as Accelerator does
     return Accelerator(mixed_precision=resolve_mixed_precision(train_cfg.mixed_precision), kwargs_handlers=[timeout],
                        **extra)
 
