@@ -113,13 +113,12 @@ def map_columns(rows: list[Row], columns: dict | None, origin: str) -> list[Row]
     return mapped
 
 
-def drop_long_prompts(problems: Sequence, prompt_of: Callable, tokenizer, max_tokens: int) -> tuple[list, int]:
-    """(problems whose prompt has at most `max_tokens` tokens, how many were left out); 0 keeps all."""
-    if max_tokens <= 0 or not problems:
-        return list(problems), 0
-    kept = []
+def prompt_token_counts(problems: Sequence, prompt_of: Callable, tokenizer) -> list[int]:
+    """The tokens of each problem's prompt as the engines receive it (no special tokens added),
+    tokenized 256 at a time."""
+    counts = []
     for start in range(0, len(problems), 256):
-        chunk = list(problems[start:start + 256])
-        ids = tokenizer([prompt_of(p) for p in chunk], add_special_tokens=False)["input_ids"]
-        kept.extend(p for p, tokens in zip(chunk, ids) if len(tokens) <= max_tokens)
-    return kept, len(problems) - len(kept)
+        ids = tokenizer([prompt_of(p) for p in problems[start:start + 256]], add_special_tokens=False)["input_ids"]
+        counts.extend(len(tokens) for tokens in ids)
+    return counts
+

@@ -39,20 +39,38 @@ class Task:
     def make_splits(self) -> tuple[list[Problem], list[Problem]]:
         raise NotImplementedError
 
+    def prompt_token_counts(self, tokenizer) -> tuple[list[int], list[int]]:
+        """The tokens of every prompt of the two pools (training, held-out), counted once per
+        tokenizer: leaving out long prompts and sizing vLLM's cache both read them (leaving out
+        keeps the counts of the prompts it keeps)."""
+        from benchmarks.dataset_source import prompt_token_counts
+
+        if getattr(self, "_prompt_counts", (None,))[0] != id(tokenizer):
+            prompt_of = functools.partial(self.prompt, tokenizer=tokenizer)
+            self._prompt_counts = (id(tokenizer), (prompt_token_counts(self.train, prompt_of, tokenizer),
+                                                   prompt_token_counts(self.held_out, prompt_of, tokenizer)))
+        return self._prompt_counts[1]
+
     def drop_long_prompts(self, tokenizer, max_tokens: int) -> tuple[int, int]:
         """Leave out of both pools the problems whose prompt has more than `max_tokens` tokens
         (0: keep all); (training problems left out, training problems there were)."""
-        from benchmarks.dataset_source import drop_long_prompts
-
         before = len(self.train)
-        prompt_of = functools.partial(self.prompt, tokenizer=tokenizer)
-        train, skipped = drop_long_prompts(self.train, prompt_of, tokenizer, max_tokens)
-        held_out, _ = drop_long_prompts(self.held_out, prompt_of, tokenizer, max_tokens)
+        if max_tokens <= 0:
+            return 0, before
+        counts = self.prompt_token_counts(tokenizer)
+        train, held_out = ([p for p, n in zip(pool, pool_counts) if n <= max_tokens]
+                           for pool, pool_counts in zip(self._splits, counts))
         if not train:
             raise UserError(f"task.max_prompt_tokens={max_tokens} leaves none of the {before} training problems; "
                             "raise it")
         self._splits = (train, held_out)
-        return skipped, before
+        kept = tuple([n for n in pool_counts if n <= max_tokens] for pool_counts in counts)
+        self._prompt_counts = (id(tokenizer), kept)
+        return before - len(train), before
+
+    def longest_prompt_tokens(self, tokenizer) -> int:
+        """Tokens of the longest prompt of the two pools (0 for none)."""
+        return max((n for pool_counts in self.prompt_token_counts(tokenizer) for n in pool_counts), default=0)
 
     # The name of read_answer's reading (an extraction mode of algorithms that read answers).
     answer_mode = "boxed"

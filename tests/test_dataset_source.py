@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import dataset_source
 from benchmarks.data_files import Row, Skipped
-from benchmarks.dataset_source import drop_long_prompts, map_columns, read_local, read_source
+from benchmarks.dataset_source import map_columns, prompt_token_counts, read_local, read_source
 from benchmarks.math_benchmarks import load_math_source
 from meds_cli.core.errors import UserError
 from meds_cli.core.records import Problem
@@ -101,13 +101,12 @@ def test_a_hub_dataset_that_cannot_load_is_one_line(monkeypatch):
     assert "Couldn't reach" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_long_prompts_are_left_out_and_counted():
+def test_prompt_tokens_are_counted_as_the_engines_receive_them():
     from meds_cli.engine.model_io.tiny import tiny_tokenizer
 
-    problems = [Problem(str(i), "1" * length, "1") for i, length in enumerate([3, 8, 5, 12])]
-    kept, skipped = drop_long_prompts(problems, lambda p: p.question + "=", tiny_tokenizer(), 6)
-    assert [p.id for p in kept] == ["0", "2"] and skipped == 2  # 4 and 6 tokens (one char each) fit
-    assert drop_long_prompts(problems, lambda p: p.question, tiny_tokenizer(), 0) == (problems, 0)
+    problems = [Problem(str(i), "1" * length, "1") for i, length in enumerate([3, 8, 5, 12] * 100)]
+    counts = prompt_token_counts(problems, lambda p: p.question + "=", tiny_tokenizer())  # 2 chunks of 256
+    assert counts == [4, 9, 6, 13] * 100  # one token a character, no special tokens
 
 
 def test_local_names_and_hub_names_are_told_apart(tmp_path):

@@ -161,6 +161,28 @@ def test_prompts_longer_than_the_limit_are_left_out_with_a_count(tmp_path):
         task.drop_long_prompts(tiny_tokenizer(), 5)
 
 
+def test_prompts_are_tokenized_once_for_leaving_out_and_for_the_longest(tmp_path):
+    """Leaving out long prompts and sizing vLLM's cache (the longest prompt) read one count."""
+    from meds_cli.engine.rollout.engines import longest_prompt_tokens
+
+    data = tmp_path / "train.jsonl"
+    questions = ["1+1", "2+2*2", "(3+4)*(5+6)-7", "8"]
+    data.write_text("".join(json.dumps({"question": q, "final": "1"}) + "\n" for q in questions * 5))
+    cfg = tiny_config("task.name=math", f"task.path={data}", "task.prompt_style=boxed", "task.eval_size=4",
+                      "task.columns={problem: question, answer: final}")
+    tokenizer, calls = tiny_tokenizer(), []
+    counting = lambda texts, **kwargs: calls.append(len(texts)) or type(tokenizer).__call__(tokenizer, texts, **kwargs)  # noqa: E731
+    task = build_task(cfg.task, 0)
+    longest_all = max(len(tokenizer(task.prompt(p, tokenizer), add_special_tokens=False)["input_ids"])
+                      for p in (*task.train, *task.held_out))
+    task.drop_long_prompts(counting, longest_all - 1)  # leaves out the 13-character question
+    assert sum(calls) == 20  # every prompt once (16 training, 4 held-out)
+    longest_kept = max(len(tokenizer(task.prompt(p, tokenizer), add_special_tokens=False)["input_ids"])
+                       for p in (*task.train, *task.held_out))
+    assert longest_prompt_tokens(task, counting) == longest_kept < longest_all - 1
+    assert sum(calls) == 20  # not tokenized again
+
+
 def test_the_documented_reward_function_loads_and_scores(tmp_path):
     import re
     from pathlib import Path

@@ -137,8 +137,7 @@ def longest_prompt_tokens(task, tokenizer, cap: int = 0) -> int:
     """Tokens of the task's longest prompt (training and held-out problems), as the engine
     receives them (no special tokens added); at most `cap` where it is set, since
     task.max_prompt_tokens leaves the longer ones out."""
-    prompts = [task.prompt(p, tokenizer) for p in (*task.train, *task.held_out)]
-    longest = max((len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]), default=0)
+    longest = task.longest_prompt_tokens(tokenizer)  # counted once: leaving out long prompts counted them
     return min(longest, cap) if cap > 0 else longest
 
 
