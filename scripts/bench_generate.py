@@ -7,15 +7,16 @@ matmul throughput); the prefill adds its flops. Bandwidth and matmul throughput 
 probes run here first (a large tensor sum, a large fp32 matmul) with the same thread count.
 The matmul floor is the same roofline with each step's weight matmuls taking what they take on
 this machine: the model's own linear layers alone at the batch's row count, multiplied as the
-engine multiplies them (MKL-packed on CPU), timed here. Where the floor is far below the limit,
+engine multiplies them (packed as this CPU's calibration chose), timed here. Where the floor is far below the limit,
 the matmuls do not reach the probes' rates, and no change outside them can close that gap.
 
 The samplers run interleaved, round after round, so a busy machine slows them alike:
   - `generate`: HF `model.generate` on the padded batch with the LoRA adapter unmerged (how
     rollouts were drawn before the `hf` engine);
-  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py);
-  - `unpacked` (asked for with --samplers): the `hf` engine with its linear layers' own matmul
-    instead of MKL's packed weights (engine/rollout/packed_linear.py), for before / after;
+  - `engine`: the `hf` rollout engine (meds_cli/engine/rollout/hf_sampler.py), its float32
+    weights packed as this CPU's calibration chose (core/cpu_calibration.py);
+  - `unpacked`, `mkl`, `onednn` (asked for with --samplers): the `hf` engine with its linear
+    layers' own matmul, or weights packed for MKL or for oneDNN (engine/rollout/packed_linear.py);
   - `modules` (asked for with --samplers): the `hf` engine with packed weights but every decode
     step through the model's forward instead of a DecoderStep (engine/rollout/decoder_step.py);
   - `bf16` (asked for with --samplers): the `hf` engine under bf16 autocast on CPU, as a
@@ -82,6 +83,7 @@ def probe_linear_step(model, rows: int, clock, repeats: int = 3) -> float:
     """Seconds of one decode step's linear layers alone at `rows` rows (best of repeats): every
     base weight of `model` (adapters merged cost nothing) multiplied as the `hf` engine does,
     through packed_linears, on fresh inputs (layers that share an input share it here too)."""
+    from meds_cli.core.cpu_calibration import cpu_fast_paths
     from meds_cli.engine.rollout.packed_linear import packed_linears
 
     layers = base_linears(model)
@@ -92,7 +94,7 @@ def probe_linear_step(model, rows: int, clock, repeats: int = 3) -> float:
         for layer in layers:
             layer(inputs[layer.in_features])
 
-    with torch.no_grad(), packed_linears(model):
+    with torch.no_grad(), packed_linears(model, packing=cpu_fast_paths().paths.float32_packing):
         step(), step()  # the second call at a row count packs the weights
         return min(_timed(clock, step) for _ in range(repeats))
 
@@ -178,8 +180,9 @@ def main() -> None:
         requests = engine_requests(prompts, tokenizer, size, G)
         settings = SamplingSettings(1.0, 1.0, N, stop_token_ids(tokenizer), min_new_tokens=N)
         engine = (vllm_engines[rank] if sampler == "vllm" else
-                  HFEngine(model, tokenizer.pad_token_id, batch_size=size, pack_weights=sampler != "unpacked",
-                           direct_steps=sampler == "engine"))
+                  HFEngine(model, tokenizer.pad_token_id, batch_size=size,
+                           packing={"unpacked": "none", "mkl": "mkl", "onednn": "onednn"}.get(sampler),
+                           direct_steps=sampler in ("engine", "mkl", "onednn")))
         t0 = clock()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sampler == "bf16"):
             engine.generate(requests, settings)

@@ -128,23 +128,29 @@ def test_float32_sampler_and_scoring_agree_to_float32_rounding(tmp_path):
     assert _mismatch(_collect(trainer)) < 1e-5
 
 
-@pytest.mark.parametrize("measured_faster", [True, False])
-def test_float32_decoding_packs_only_where_the_calibration_measured_packing_faster(monkeypatch, measured_faster):
+@pytest.mark.parametrize("measured_fastest", ["none", "mkl", "onednn"])
+def test_float32_decoding_packs_as_the_calibration_measured_fastest(monkeypatch, measured_fastest):
     from meds_cli.core.cpu_calibration import Calibration, FastPaths
     from meds_cli.engine.rollout import hf_sampler
 
     model, tokenizer = lora_policy(seed=4)
     monkeypatch.setattr(hf_sampler, "cpu_fast_paths",
-                        lambda: Calibration(FastPaths(measured_faster, False, "hand-made"), "test"))
+                        lambda: Calibration(FastPaths(measured_fastest, False, "hand-made"), "test"))
     entered = []
     real = hf_sampler.packed_linears
     monkeypatch.setattr(hf_sampler, "packed_linears", lambda m, **kw: (entered.append(kw), real(m, **kw))[1])
     settings = SamplingSettings(1.0, 1.0, 16, (), min_new_tokens=16)  # long enough to pay for packing
     HFEngine(model, tokenizer.pad_token_id, 16).generate(_requests(tokenizer), settings)
-    assert entered == ([{"bf16": False}] if measured_faster else [])
+    assert entered == ([] if measured_fastest == "none" else [{"bf16": False, "packing": measured_fastest}])
     entered.clear()
-    HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=True).generate(_requests(tokenizer), settings)
-    assert entered == [{"bf16": False}]  # asked for explicitly: packed whatever was measured
+    HFEngine(model, tokenizer.pad_token_id, 16, packing="mkl").generate(_requests(tokenizer), settings)
+    assert entered == [{"bf16": False, "packing": "mkl"}]  # asked for explicitly: packed whatever was measured
+
+
+def test_an_unknown_packing_is_refused_in_one_line():
+    model, tokenizer = lora_policy(seed=4)
+    with pytest.raises(ValueError, match="packing 'fast' is unknown; accepted: none, mkl, onednn"):
+        HFEngine(model, tokenizer.pad_token_id, 16, packing="fast")
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")

@@ -31,7 +31,7 @@ def _syncs(engine, requests, settings) -> tuple[int, list]:
 @pytest.mark.parametrize("packed", [False, True], ids=["model-forward (the GPU path)", "packed direct steps (CPU)"])
 def test_decode_reads_the_device_at_most_once_per_token(packed):
     model, tokenizer = lora_policy(seed=3)
-    engine = HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=packed)
+    engine = HFEngine(model, tokenizer.pad_token_id, 16, packing="mkl" if packed else "none")
     requests = _requests(tokenizer)
     # no stop ids: every row runs to the limit, so the two runs differ by their steps only
     short, _ = _syncs(engine, requests, SamplingSettings(1.0, 1.0, 16, ()))
@@ -43,7 +43,7 @@ def test_rows_that_end_cost_no_extra_reads():
     """Stops end rows at different steps and the batch drops them: still one read a step, plus
     the ones outside the loop (prompt batching, the results' copy to the host)."""
     model, tokenizer = lora_policy(seed=3)
-    engine = HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=False)
+    engine = HFEngine(model, tokenizer.pad_token_id, 16, packing="none")
     requests = _requests(tokenizer)
     _, free = _syncs(engine, requests, SamplingSettings(1.0, 1.0, 24, ()))
     base, _ = _syncs(engine, requests, SamplingSettings(1.0, 1.0, 24, ()))
@@ -67,7 +67,7 @@ def test_host_reads_of_the_loop_go_through_one_function(monkeypatch):
     """Every read the loop makes is a call of hf_sampler.host_read (so a profile or a test can
     count them); the reads outside the loop (prompt batching, results) are a few per batch."""
     model, tokenizer = lora_policy(seed=3)
-    engine = HFEngine(model, tokenizer.pad_token_id, 16, pack_weights=False)
+    engine = HFEngine(model, tokenizer.pad_token_id, 16, packing="none")
     calls = []
     real = hf_sampler.host_read
     monkeypatch.setattr(hf_sampler, "host_read", lambda tensor: calls.append(tensor.shape) or real(tensor))

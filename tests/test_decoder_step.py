@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from meds_cli.core.forward import LensProbe, cache_keyword, output_cache, position_ids_for
+from meds_cli.core.packed_matmul import packings_available
 from meds_cli.engine.config import LoraConfig
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_tokenizer
@@ -73,10 +74,11 @@ def _count_direct_steps(monkeypatch) -> list:
     return returned
 
 
+@pytest.mark.parametrize("packing", packings_available())
 @pytest.mark.parametrize("architecture", sorted(POLICIES))
-def test_the_direct_step_gives_the_models_logits_bit_for_bit(architecture):
+def test_the_direct_step_gives_the_models_logits_bit_for_bit(architecture, packing):
     model, tokenizer = POLICIES[architecture]()
-    with torch.no_grad(), merged_lora(model), packed_linears(model):
+    with torch.no_grad(), merged_lora(model), packed_linears(model, packing=packing):
         cache, mask, positions, tokens = _prefilled(model, tokenizer)
         step = DecoderStep.plan(model)
         assert step is not None
@@ -95,16 +97,18 @@ def test_the_direct_step_gives_the_models_logits_bit_for_bit(architecture):
         assert compared >= 4
 
 
+@pytest.mark.parametrize("packing", packings_available())
 @pytest.mark.parametrize("architecture", sorted(POLICIES))
-def test_engine_samples_are_the_same_with_and_without_direct_steps(architecture, monkeypatch):
+def test_engine_samples_are_the_same_with_and_without_direct_steps(architecture, packing, monkeypatch):
     model, tokenizer = POLICIES[architecture]()
     requests = [SampleRequest(tuple(tokenizer(p, add_special_tokens=False)["input_ids"]), (3 * i, 3 * i + 1, 3 * i + 2))
                 for i, p in enumerate(PROMPTS)]
     settings = SamplingSettings(1.0, 0.9, PACKED_MIN_NEW_TOKENS + 4, stop_token_ids(tokenizer))
     direct_steps = _count_direct_steps(monkeypatch)
-    direct = HFEngine(model, tokenizer.pad_token_id, 16).generate(requests, settings)
+    direct = HFEngine(model, tokenizer.pad_token_id, 16, packing=packing).generate(requests, settings)
     assert sum(logits is not None for logits in direct_steps) >= PACKED_MIN_NEW_TOKENS
-    through_forward = HFEngine(model, tokenizer.pad_token_id, 16, direct_steps=False).generate(requests, settings)
+    through_forward = HFEngine(model, tokenizer.pad_token_id, 16, packing=packing,
+                               direct_steps=False).generate(requests, settings)
     for a, b in zip(direct, through_forward):
         for x, y in zip(a, b):
             assert x.token_ids == y.token_ids and x.logprobs == y.logprobs and x.stopped == y.stopped

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+from meds_cli.core.packed_matmul import packings_available
 from meds_cli.engine.rollout import packed_linear
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, can_pack, packed_linears
@@ -20,16 +21,18 @@ def _layer(in_features: int = 96, out_features: int = 160, bias: bool = True) ->
     return torch.nn.Linear(in_features, out_features, bias=bias)
 
 
+@pytest.mark.parametrize("packing", packings_available())
 @pytest.mark.parametrize("shape", [(1, 96), (8, 96), (3, 1, 96), (256, 96)])
-def test_packed_layer_computes_the_layers_product(shape):
+def test_packed_layer_computes_the_layers_product(shape, packing):
     layer = _layer()
     x = torch.randn(shape)
     with torch.no_grad():
         expected = x.double() @ layer.weight.double().T + layer.bias.double()
-        with packed_linears(layer) as patched:
+        with packed_linears(layer, packing=packing) as patched:
             assert patched == 1
             first, got = layer(x), layer(x.clone())  # the second input with this row count runs packed
-            assert layer.forward.group.packed_rows == x.numel() // 96
+            packed = layer.forward.group.packed
+            assert packed.packing == packing and packed.rows == x.numel() // 96
     assert torch.equal(first, torch.nn.functional.linear(x, layer.weight, layer.bias))
     assert got.shape == (*shape[:-1], 160) and got.dtype == torch.float32
     # float32 products of 96 terms: a few ulps of the largest value
@@ -87,14 +90,15 @@ def _three_prompts(tokenizer) -> list[SampleRequest]:
             for i, p in enumerate(prompts)]
 
 
-def test_sampling_with_packed_weights_draws_the_same_samples(monkeypatch):
+@pytest.mark.parametrize("packing", packings_available())
+def test_sampling_with_packed_weights_draws_the_same_samples(monkeypatch, packing):
     model, tokenizer = lora_policy(3)
     requests = _three_prompts(tokenizer)
     settings = SamplingSettings(1.0, 0.95, PACKED_MIN_NEW_TOKENS + 4, stop_token_ids(tokenizer))
     packs = _count_packs(monkeypatch)
-    packed = HFEngine(model, tokenizer.pad_token_id, 8).generate(requests, settings)
+    packed = HFEngine(model, tokenizer.pad_token_id, 8, packing=packing).generate(requests, settings)
     assert 8 in packs  # the batch of 8 rows (of 9) is packed at its second step
-    unpacked = HFEngine(model, tokenizer.pad_token_id, 8, pack_weights=False).generate(requests, settings)
+    unpacked = HFEngine(model, tokenizer.pad_token_id, 8, packing="none").generate(requests, settings)
     assert all("forward" not in m.__dict__ for m in model.modules())
     for a, b in zip(packed, unpacked):
         for x, y in zip(a, b):
@@ -115,11 +119,27 @@ def test_short_responses_multiply_the_weights_unpacked(monkeypatch):
     assert 8 in packs
 
 def test_a_new_row_count_is_packed_on_its_second_call():
+    """MKL's copy serves the row count it was packed for: another is packed on its second call."""
     layer = _layer()
-    with torch.no_grad(), packed_linears(layer):
+    with torch.no_grad(), packed_linears(layer, packing="mkl"):
         for rows, packed_after in [(5, 0), (5, 5), (5, 5), (3, 5), (3, 3), (40, 3), (3, 3), (300, 3), (300, 3)]:
             layer(torch.randn(rows, 96))
-            assert layer.forward.group.packed_rows == packed_after
+            group = layer.forward.group
+            assert (group.packed.rows if group.packed else 0) == packed_after
+
+
+@pytest.mark.skipif("onednn" not in packings_available(), reason="torch has no oneDNN packed matmul here")
+def test_the_onednn_copy_is_made_once_and_serves_every_row_count(monkeypatch):
+    layer = _layer()
+    packs = _count_packs(monkeypatch)
+    with torch.no_grad(), packed_linears(layer, packing="onednn"):
+        for rows in (300, 5, 5, 3, 40, 3, 256, 300):
+            x = torch.randn(rows, 96)
+            got = layer(x)
+            # packed at the second call of a row count (5), then every input up to PACKED_ROWS_MOST runs packed
+            assert (layer.forward.group.outputs is not None) == (rows <= 256 and packs == [5])
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert packs == [5]
 
 
 def test_nothing_is_packed_without_room_for_the_copies(monkeypatch):
@@ -155,7 +175,7 @@ def test_layers_on_one_input_share_one_stacked_matmul():
             q(x.clone())
             y = x.clone()
             got = [q(y), k(y), v(y)]
-            assert q.forward.group.packed_rows == 6 and q.forward.group.outputs is not None
+            assert q.forward.group.packed.rows == 6 and q.forward.group.outputs is not None
             for a, b in zip(got, expected):
                 assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
             # another input, or the same one changed in place, is multiplied again

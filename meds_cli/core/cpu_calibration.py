@@ -1,21 +1,25 @@
 """Which CPU fast paths this machine's CPU runs faster, measured once per kind of machine.
 
-What is fastest differs between CPUs: MKL's packed float32 matmul (engine/rollout/packed_linear.py)
-saved 30% of a decode step on an Intel Xeon and cost 24% on an AMD EPYC; bf16 linear layers
+What is fastest differs between CPUs. MKL's packed float32 matmul saved 30% of a decode step on
+an Intel Xeon and cost 24% on an AMD EPYC with AVX512-BF16. Weights prepacked for oneDNN took
+SmolLM2's stacked layers 1.44-1.57x less time than plain F.linear at 8-64 rows on an AMD EPYC
+with AVX2 only, where MKL's packing gained nothing (0.92-1.00x; 2 threads). bf16 linear layers
 took 1.3-3.8x less time than float32 on a Xeon with AMX-BF16, 1.5-2.1x on an EPYC with
-AVX512-BF16, and are emulated (slower than float32) on a CPU without bf16 units
-(2-core cloud machines of each kind, SmolLM2's layers). So
-each path is chosen by timing it here, on linear layers of SmolLM2's shapes at the row counts
-of a decode step (8, 64) and of an update's micro-batch (1,536): plain float32 F.linear against
-the MKL-packed product, and, where the CPU has bf16 units, against F.linear on bf16 copies of
-the weights. The timings are kept in a JSON file keyed by CPU model, torch version and thread
-count (MEDS_CPU_CALIBRATION_FILE, else $XDG_CACHE_HOME/meds/cpu_calibration.json or
-~/.cache/meds/...), so a machine kind pays the calibration (under a second) once.
+AVX512-BF16, and are emulated (slower than float32) on a CPU without bf16 units (2-core cloud
+machines of each kind, SmolLM2's layers). So each path is chosen by timing it here, on linear
+layers of SmolLM2's shapes at the row counts of a decode step (8, 64) and of an update's
+micro-batch (1,536): plain float32 F.linear against the MKL-packed and the oneDNN-packed products
+(core/packed_matmul.py), and, where the CPU has bf16 units, against F.linear on bf16 copies of
+the weights. The paths are timed side by side, each round running every one once, and each keeps
+its least time of five rounds, so that other work on the machine slows them alike. The timings
+are kept in a JSON file keyed by CPU model, torch version, thread count and the way of timing
+(MEDS_CPU_CALIBRATION_FILE, else $XDG_CACHE_HOME/meds/cpu_calibration.json or ~/.cache/meds/...),
+so a machine kind pays the calibration (under a second) once.
 
 Without bf16 units (no amx_bf16 or avx512_bf16, or ONEDNN_MAX_CPU_ISA capping oneDNN below
 them) bf16 is never timed nor chosen. MEDS_CPU_FAST_PATHS=default skips every timing and keeps
-the paths written before calibration existed (pack where MKL can, float32): the test suite sets
-it, so its numbers do not change with the machine it runs on.
+the paths written before calibration existed (MKL packing where torch has it, float32): the test
+suite sets it, so its numbers do not change with the machine it runs on.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
+
+from meds_cli.core.packed_matmul import PackedWeight, mkl_packing_available, packings_available
 
 CACHE_VARIABLE = "MEDS_CPU_CALIBRATION_FILE"
 PIN_VARIABLE = "MEDS_CPU_FAST_PATHS"  # "default": no timing, the pre-calibration choices
@@ -51,16 +57,17 @@ BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_
 @dataclass(frozen=True)
 class Timings:
     """Seconds for one product of every SHAPES layer, by row count (rows -> seconds); an empty
-    mapping for a path this CPU cannot run or was not timed."""
+    mapping for a path this CPU cannot run or was not timed. `packed`: by packing ("mkl",
+    "onednn"), float32 at the decode row counts."""
 
     float32: dict[int, float]
-    packed: dict[int, float] = field(default_factory=dict)
+    packed: dict[str, dict[int, float]] = field(default_factory=dict)
     bf16: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class FastPaths:
-    pack_float32: bool  # decode through MKL's packed float32 matmul
+    float32_packing: str  # the float32 decode weights' packing, one of packed_matmul.PACKINGS
     bf16: bool  # compute in bf16 where train.mixed_precision is auto
     why: str  # the reason for the bf16 choice, in a phrase
 
@@ -115,10 +122,9 @@ def _cpuinfo_lines() -> tuple[str, ...]:
         return ()
 
 
-@functools.cache
-def mkl_packing_available() -> bool:
-    return (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
-            and hasattr(torch.ops.mkl, "_mkl_linear"))
+def default_packing() -> str:
+    """The packing chosen before calibration existed: MKL's, where torch has it."""
+    return "mkl" if mkl_packing_available() else "none"
 
 
 # ---------------------------------------------------------------- the decision, from timings
@@ -131,46 +137,57 @@ def speedups(slow: Mapping[int, float], fast: Mapping[int, float]) -> dict[int, 
 
 def choose_fast_paths(timings: Timings, bf16_unit: str | None, *, no_unit: str = "CPU has no bf16 units",
                       margin: float = BF16_MARGIN) -> FastPaths:
-    """Pack float32 decode weights when the packed product took less time than the plain one
-    over the decode row counts together; compute in bf16 when the CPU has bf16 units and bf16
-    is at least `margin` times faster than the faster float32 path (geometric mean over every
-    row count timed: a decode step at 8 and 64 rows, an update's micro-batch). `no_unit`: why
-    there is no unit, for the reason."""
-    decode = [r for r in DECODE_ROWS if r in timings.float32 and r in timings.packed]
-    pack = bool(decode) and sum(timings.packed[r] for r in decode) < sum(timings.float32[r] for r in decode)
+    """Pack float32 decode weights for the packing whose product took the least time over the
+    decode row counts together (none, where the plain product took no more); compute in bf16
+    when the CPU has bf16 units and bf16 is at least `margin` times faster than the fastest
+    float32 path (geometric mean over every row count timed: a decode step at 8 and 64 rows, an
+    update's micro-batch). `no_unit`: why there is no unit, for the reason."""
+    paths = {"none": timings.float32, **timings.packed}
+    timed = {name: sum(rows[r] for r in DECODE_ROWS) for name, rows in paths.items()
+             if all(r in rows for r in DECODE_ROWS)}
+    packing = min(timed, key=timed.get) if "none" in timed else "none"  # a tie stays unpacked
     if bf16_unit is None:
-        return FastPaths(pack, False, no_unit)
-    best = {r: min(t, timings.packed[r]) if pack and r in timings.packed else t for r, t in timings.float32.items()}
+        return FastPaths(packing, False, no_unit)
+    packed = timings.packed.get(packing, {})
+    best = {r: min(t, packed.get(r, t)) for r, t in timings.float32.items()}
     ratios = speedups(best, timings.bf16)
     if not ratios:
-        return FastPaths(pack, False, f"CPU has {bf16_unit}; bf16 not timed")
+        return FastPaths(packing, False, f"CPU has {bf16_unit}; bf16 not timed")
     mean = statistics.geometric_mean(ratios.values())
     figures = " / ".join(f"{v:.2f}" for v in ratios.values())
     rows = " / ".join(str(r) for r in ratios)
     faster = mean >= margin
-    return FastPaths(pack, faster, f"CPU has {bf16_unit}; bf16 linear {figures}x float32 at {rows} rows, "
+    return FastPaths(packing, faster, f"CPU has {bf16_unit}; bf16 linear {figures}x float32 at {rows} rows, "
                                    f"{'at least' if faster else 'under'} {margin}x")
 
 
 # ---------------------------------------------------------------- the measurement
 
 
-def time_call(call: Callable[[], object], repeats: int = 3) -> float:
-    """The median seconds of `repeats` calls after one warm-up call."""
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def time_side_by_side(calls: Mapping[object, Callable[[], object]], rounds: int = 5,
+                      clock: Callable[[], float] = time.perf_counter) -> dict[object, float]:
+    """The least seconds each call took over `rounds` rounds, each round running every call once
+    (after a warm-up round). Side by side, so that other work starting or stopping on the machine
+    slows every path alike instead of all the repeats of one (one path timed while another process
+    spun on the same cores once came out 12x slower than the other); the least, because
+    other work only ever adds time."""
+    for call in calls.values():
         call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    best = {key: float("inf") for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            start = clock()
+            call()
+            best[key] = min(best[key], clock() - start)
+    return best
 
 
-def measure(*, bf16: bool, packing: bool, timer: Callable[[Callable[[], object]], float] = time_call,
+def measure(*, bf16: bool, packings: tuple[str, ...] = (), timer: Callable[[Mapping], Mapping] = time_side_by_side,
             shapes=SHAPES, decode_rows=DECODE_ROWS, update_rows: int = UPDATE_ROWS) -> Timings:
     """Timings of SHAPES' products: float32 at the decode row counts (and the update's with
-    `bf16`), MKL-packed float32 at the decode row counts (with `packing`), bf16 on weights
-    converted once at every row count (with `bf16`)."""
+    `bf16`), packed float32 at the decode row counts for each of `packings`, bf16 on weights
+    converted once at every row count (with `bf16`); every path timed side by side (`timer`:
+    {(path, rows): call} -> {(path, rows): seconds})."""
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(shape, generator=generator) / shape[1] ** 0.5 for shape in shapes]
     all_rows = (*decode_rows, update_rows) if bf16 else tuple(decode_rows)  # float32's update rows: for bf16 only
@@ -186,21 +203,24 @@ def measure(*, bf16: bool, packing: bool, timer: Callable[[Callable[[], object]]
                     torch.nn.functional.linear(x.to(w.dtype), w)
         return run
 
-    float32 = {r: timer(products(r, weights)) for r in all_rows}
-    packed = {}
-    if packing:
-        for r in decode_rows:
-            packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, r) for w in weights]
+    def packed_products(packing: str, rows: int):
+        packs = [PackedWeight(packing, w, None, rows) for w in weights]
 
-            def run(packs=packs, xs=layer_inputs[r], r=r):
-                for p, w, x in zip(packs, weights, xs):
-                    torch.ops.mkl._mkl_linear(x, p, w, None, r)
-            packed[r] = timer(run)
-    bf16_times = {}
+        def run():
+            for pack, x in zip(packs, layer_inputs[rows]):
+                pack.multiply(x)
+        return run
+
+    calls = {("float32", r): products(r, weights) for r in all_rows}
+    calls.update({(packing, r): packed_products(packing, r) for packing in packings for r in decode_rows})
     if bf16:
         low = [w.to(torch.bfloat16) for w in weights]
-        bf16_times = {r: timer(products(r, low)) for r in all_rows}
-    return Timings(float32, packed, bf16_times)
+        calls.update({("bf16", r): products(r, low) for r in all_rows})
+    seconds = timer(calls)
+
+    def path(name):
+        return {rows: seconds[(kind, rows)] for kind, rows in calls if kind == name}
+    return Timings(path("float32"), {packing: path(packing) for packing in packings}, path("bf16"))
 
 
 # ---------------------------------------------------------------- the cache
@@ -214,9 +234,14 @@ def cache_file(environ: Mapping[str, str] | None = None) -> Path:
     return base / "meds" / "cpu_calibration.json"
 
 
+# Raised when the way of timing changes, so that timings taken the old way are taken again
+# (2: paths side by side, the least of five rounds; 1 timed each path's repeats in a row)
+TIMING_VERSION = 2
+
+
 def machine_key(threads: int | None = None) -> str:
     threads = torch.get_num_threads() if threads is None else threads
-    return f"{cpu_model_name()} | torch {torch.__version__} | {threads} threads"
+    return f"{cpu_model_name()} | torch {torch.__version__} | {threads} threads | timing {TIMING_VERSION}"
 
 
 def _read(path: Path) -> dict:
@@ -229,20 +254,22 @@ def _read(path: Path) -> dict:
 
 def _timings(entry: dict) -> Timings:
     def rows(part):
-        return {int(r): float(t) for r, t in (entry.get(part) or {}).items()}
-    return Timings(rows("float32"), rows("packed"), rows("bf16"))
+        return {int(r): float(t) for r, t in (part or {}).items()}
+    packed = entry.get("packed") if isinstance(entry.get("packed"), dict) else {}
+    return Timings(rows(entry.get("float32")), {name: rows(part) for name, part in packed.items()},
+                   rows(entry.get("bf16")))
 
 
-def calibrated_timings(key: str, path: Path, *, bf16: bool, packing: bool, measure_fn=measure) -> Timings:
+def calibrated_timings(key: str, path: Path, *, bf16: bool, packings: tuple[str, ...], measure_fn=measure) -> Timings:
     """This machine kind's timings from the cache file, measured and added to it where missing
     (or timed without a path now wanted: bf16 after ONEDNN_MAX_CPU_ISA was lifted)."""
     entries = _read(path)
     entry = entries.get(key)
     if isinstance(entry, dict):
         timings = _timings(entry)
-        if timings.float32 and (timings.bf16 or not bf16) and (timings.packed or not packing):
+        if timings.float32 and (timings.bf16 or not bf16) and all(timings.packed.get(p) for p in packings):
             return timings
-    timings = measure_fn(bf16=bf16, packing=packing)
+    timings = measure_fn(bf16=bf16, packings=packings)
     entries[key] = asdict(timings)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,12 +293,12 @@ def cpu_fast_paths(environ: Mapping[str, str] | None = None, *, measure_fn=measu
     `flags`: the CPU's feature flags (default: this CPU's)."""
     environ = os.environ if environ is None else environ
     if environ.get(PIN_VARIABLE, "").strip().lower() == "default":
-        return Calibration(FastPaths(mkl_packing_available(), False, f"{PIN_VARIABLE}=default"), "not calibrated")
+        return Calibration(FastPaths(default_packing(), False, f"{PIN_VARIABLE}=default"), "not calibrated")
     unit, why = native_bf16_unit(environ, flags)
-    return _calibrated(machine_key(), str(cache_file(environ)), unit, why, mkl_packing_available(), measure_fn)
+    return _calibrated(machine_key(), str(cache_file(environ)), unit, why, packings_available(), measure_fn)
 
 
 @functools.cache
-def _calibrated(key: str, path: str, unit: str | None, why: str, packing: bool, measure_fn) -> Calibration:
-    timings = calibrated_timings(key, Path(path), bf16=unit is not None, packing=packing, measure_fn=measure_fn)
+def _calibrated(key: str, path: str, unit: str | None, why: str, packings: tuple[str, ...], measure_fn) -> Calibration:
+    timings = calibrated_timings(key, Path(path), bf16=unit is not None, packings=packings, measure_fn=measure_fn)
     return Calibration(choose_fast_paths(timings, unit, no_unit=why), f"calibrated {path}")

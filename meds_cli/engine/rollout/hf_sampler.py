@@ -32,6 +32,7 @@ import torch
 
 from meds_cli.core.cpu_calibration import cpu_fast_paths
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
+from meds_cli.core.packed_matmul import PACKINGS
 from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, packed_linears
@@ -294,23 +295,26 @@ class HFEngine:
     reads_policy_weights = True  # it decodes with the live (gathered) policy
 
     def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True,
-                 pack_weights: bool | None = None, direct_steps: bool = True):
-        """`pack_weights`: decode float32 through MKL's packed matmul; None: where this CPU's
-        calibration (core/cpu_calibration.py) measured it faster."""
+                 packing: str | None = None, direct_steps: bool = True):
+        """`packing`: decode float32 from weights packed for "mkl" or "onednn", or "none"; None:
+        the one this CPU's calibration (core/cpu_calibration.py) measured fastest."""
         self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
-        if pack_weights is None:  # asked once here, not at every generate: the CPU does not change
-            pack_weights = next(model.parameters()).device.type == "cpu" and cpu_fast_paths().paths.pack_float32
-        self.merge_lora, self.pack_weights, self.direct_steps = merge_lora, pack_weights, direct_steps
+        if packing is None:  # asked once here, not at every generate: the CPU does not change
+            on_cpu = next(model.parameters()).device.type == "cpu"
+            packing = cpu_fast_paths().paths.float32_packing if on_cpu else "none"
+        if packing not in PACKINGS:
+            raise ValueError(f"packing '{packing}' is unknown; accepted: {', '.join(PACKINGS)}")
+        self.merge_lora, self.packing, self.direct_steps = merge_lora, packing, direct_steps
         self.records_lens = can_record_lens(model)
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         was_training = self.model.training
         self.model.eval()
         bf16 = cpu_bf16_autocast(self.model)
-        pack = not bf16 and self.pack_weights and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
+        pack = not bf16 and self.packing != "none" and settings.max_new_tokens >= PACKED_MIN_NEW_TOKENS
         try:
             with (merged_lora(self.model) if self.merge_lora else nullcontext(),
-                  packed_linears(self.model, bf16=bf16) if pack or bf16 else nullcontext()):
+                  packed_linears(self.model, bf16=bf16, packing=self.packing) if pack or bf16 else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
                     out.extend(decode(self.model, batch, settings, self.pad_id, direct_steps=self.direct_steps))

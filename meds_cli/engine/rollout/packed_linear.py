@@ -1,14 +1,16 @@
-"""The decode loop's linear layers on CPU through MKL's packed-weight matmul.
+"""The decode loop's linear layers on CPU through packed-weight matmuls (core/packed_matmul.py).
 
 At the few rows of a training step (8 samples of 2 prompts) a decode step is its weight
 matmuls, and MKL's float32 GEMM at 8 rows reads a weight at half the rate it reads it for one
 row: every call first copies the weight into MKL's panel layout. The weights do not change
-while a batch decodes, so each is packed once per decode batch (MKL's sgemm pack, the one
-torch's inductor uses for frozen CPU models) and every step multiplies the packed copy: all
-linear layers of SmolLM2 at 8 rows take 58 ms a step instead of 83, 14% less at 32 to 128 rows
-(2 threads; scripts/bench_generate.py shows what it does to tokens per second).
+while a batch decodes, so each is packed once per decode batch and every step multiplies the
+packed copy. With MKL's sgemm pack (`packing` "mkl", the one torch's inductor uses for frozen CPU
+models) all linear layers of SmolLM2 at 8 rows took 58 ms a step instead of 83 on an Intel Xeon,
+14% less at 32 to 128 rows (2 threads; scripts/bench_generate.py shows what it does to tokens per
+second); on an AMD EPYC it gained nothing, where oneDNN's packing ("onednn") took 1.44-1.57x less
+time than plain F.linear. The CPU's calibration (core/cpu_calibration.py) picks one.
 
-The packed matmul sums in MKL's own order: a token's log-prob moves by float32 rounding (about
+The packed matmul sums in the library's own order: a token's log-prob moves by float32 rounding (about
 1e-5 on SmolLM2), as it does between batch sizes or between CPUs, so a draw can differ from
 the unpacked one where two tokens' cumulative probabilities meet at the uniform. Layers are
 left alone on a GPU, in float64 or half precision, under autocast and where gradients flow.
@@ -27,7 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
-from meds_cli.core.cpu_calibration import mkl_packing_available
+from meds_cli.core.packed_matmul import PackedWeight, packings_available
 from meds_cli.engine.rollout.decode_rows import free_memory
 
 # the packed copies may take at most 1 / PACKED_MEMORY_SHARE of the free memory
@@ -41,11 +43,11 @@ PACKED_ROWS_MOST = 256
 PACKED_MIN_NEW_TOKENS = 16
 
 
-def can_pack(weight: torch.Tensor, bf16: bool = False) -> bool:
+def can_pack(weight: torch.Tensor, bf16: bool = False, packing: str = "mkl") -> bool:
     """Whether `weight` (a linear layer's) can be copied for the decode loop: a plain float32 CPU
-    tensor; for MKL's packed matmul (not `bf16`), with torch built with MKL and its packing ops."""
+    tensor; for a float32 `packing` (not `bf16`), with torch built with that library's ops."""
     return (type(weight.data) is torch.Tensor and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and weight.dim() == 2 and (bf16 or mkl_packing_available()))
+            and weight.dim() == 2 and (bf16 or packing in packings_available()))
 
 
 def bf16_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -65,19 +67,20 @@ class _PackedGroup:
     """Linear layers called on one input, multiplied as one stacked, packed weight; the first
     member called on a new input computes every member's output, the others take theirs.
 
-    MKL packs for one row count (a call with another runs unpacked, at the old speed), so the
-    copy is made for the row count of two inputs in a row: not for a prefill's many rows, once
-    per decode batch, and again after the loop drops finished rows (up to PACKED_ROWS_MOST)."""
+    The copy is made for the row count of two inputs in a row: not for a prefill's many rows,
+    once per decode batch. MKL packs for one row count (a call with another runs unpacked, at the
+    old speed), so its copy is made again after the loop drops finished rows (up to
+    PACKED_ROWS_MOST); oneDNN's serves any row count."""
 
-    def __init__(self, layers: list[torch.nn.Linear], bf16: bool = False):
-        self.layers, self.bf16 = layers, bf16
+    def __init__(self, layers: list[torch.nn.Linear], bf16: bool = False, packing: str = "mkl"):
+        self.layers, self.bf16, self.packing = layers, bf16, packing
         self.widths = [layer.out_features for layer in layers]
         self.input, self.input_version, self.input_rows, self.outputs = None, -1, 0, None
-        self.packed_rows, self.packed, self.weight, self.bias = 0, None, None, None
+        self.packed, self.weight, self.bias = None, None, None
 
     def ready_for(self, rows: int) -> bool:
-        """Whether `multiply` takes inputs of `rows` rows (packed float32: packed for that many)."""
-        return self.bf16 or rows == self.packed_rows
+        """Whether `multiply` takes inputs of `rows` rows (packed float32: a copy serving them)."""
+        return self.bf16 or (self.packed is not None and self.packed.serves(rows))
 
     def forward(self, member: int, x: torch.Tensor, unpacked_forward) -> torch.Tensor:
         if self.bf16:
@@ -88,9 +91,9 @@ class _PackedGroup:
         if x is not self.input or x._version != self.input_version:  # a new input (or changed in place)
             previous_rows, rows = self.input_rows, x.numel() // x.shape[-1]
             self.input, self.input_version, self.input_rows, self.outputs = x, x._version, rows, None
-            if rows != self.packed_rows and rows == previous_rows and rows <= PACKED_ROWS_MOST:
+            if rows <= PACKED_ROWS_MOST and not self.ready_for(rows) and rows == previous_rows:
                 self._pack(rows)
-            if rows == self.packed_rows:
+            if rows <= PACKED_ROWS_MOST and self.ready_for(rows):
                 self.outputs = self.multiply(x)
         return unpacked_forward(x) if self.outputs is None else self.outputs[member]
 
@@ -103,7 +106,7 @@ class _PackedGroup:
         return self.outputs[member]
 
     def multiply(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Every member's output for `x`, from the packed weight (packed for x's row count) or the
+        """Every member's output for `x`, from the packed weight (serving x's row count) or the
         bf16 copy, as the members' forwards return them (engine/rollout/decoder_step.py calls
         this directly)."""
         flat = x.reshape(-1, x.shape[-1])
@@ -114,7 +117,7 @@ class _PackedGroup:
                 self.bias = bf16_copy(self.bias) if self.bias is not None else None
             out = torch.nn.functional.linear(flat.to(torch.bfloat16), self.weight, self.bias)
         else:
-            out = torch.ops.mkl._mkl_linear(flat, self.packed, self.weight, self.bias, flat.shape[0])
+            out = self.packed.multiply(flat)
         return out.view(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
 
     def _stack(self) -> None:
@@ -126,8 +129,7 @@ class _PackedGroup:
     def _pack(self, rows: int) -> None:
         if self.weight is None:
             self._stack()
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
-        self.packed_rows = rows
+        self.packed = PackedWeight(self.packing, self.weight, self.bias, rows)
 
 
 def _same_input_groups(model: torch.nn.Module, layers: list[torch.nn.Linear]) -> list[list[torch.nn.Linear]]:
@@ -163,14 +165,15 @@ def _member_forward(group: _PackedGroup, member: int, unpacked_forward):
 
 
 @contextmanager
-def packed_linears(model: torch.nn.Module, *, bf16: bool = False):
+def packed_linears(model: torch.nn.Module, *, bf16: bool = False, packing: str = "mkl"):
     """Within the block, every torch.nn.Linear of `model` whose weight can_pack multiplies a
-    packed copy of its weight (stacked with the layers that share its input; with `bf16`, a bf16
-    copy); on exit each layer has its own forward back and the copies are freed. Pack inside any
-    context that swaps weights (merged_lora), so the copies are of the weights in use. Nothing is
-    packed where the copies (packed: up to three times the weights' size, stacked weights and
-    MKL's padded panels; bf16: half) would take more than a quarter of the free memory."""
-    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight, bf16)]
+    copy of its weight packed for `packing` ("mkl", "onednn"; stacked with the layers that share
+    its input; with `bf16`, a bf16 copy instead); on exit each layer has its own forward back and
+    the copies are freed. Pack inside any context that swaps weights (merged_lora), so the copies
+    are of the weights in use. Nothing is packed where the copies (packed: up to three times the
+    weights' size, stacked weights and the library's padded panels; bf16: half) would take more
+    than a quarter of the free memory."""
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight, bf16, packing)]
     size = sum(m.weight.numel() * m.weight.element_size() for m in layers)
     copies = size // 2 if bf16 else 3 * size
     if layers and copies * PACKED_MEMORY_SHARE > free_memory(layers[0].weight.device):
@@ -178,7 +181,7 @@ def packed_linears(model: torch.nn.Module, *, bf16: bool = False):
     patched = []
     try:
         for group in _same_input_groups(model, layers):
-            shared = _PackedGroup(group, bf16)
+            shared = _PackedGroup(group, bf16, packing)
             for member, layer in enumerate(group):
                 own = layer.__dict__.get("forward")  # a hook library's wrapper, kept and restored
                 layer.forward = _member_forward(shared, member, own or layer.__class__.forward.__get__(layer))
