@@ -2,6 +2,8 @@
 grouping, computed by hand; an update and a scoring pass equal to the fixed-size ones in float64
 on a batch of very different lengths, while the fixed size pads every micro-batch to the batch."""
 
+import itertools
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +16,9 @@ from meds_cli.engine.training.micro_batches import (
     MicroBatch,
     cut_to_rows,
     even_out,
+    filled_cuts,
     fixed_micro_batches,
+    least_padded_cuts,
     over_budget,
     row_lengths,
     token_micro_batches,
@@ -43,6 +47,46 @@ def test_a_group_costs_its_longest_prompt_plus_its_longest_response():
     # rows (5 + 1) and (1 + 5): each 6 tokens, but together 2 x (5 + 5) = 20 as they run padded
     assert rows_of(token_micro_batches([5, 1], [1, 5], budget=19)) == [(0,), (1,)]
     assert rows_of(token_micro_batches([5, 1], [1, 5], budget=20)) == [(0, 1)]
+
+
+def test_the_cuts_run_the_fewest_tokens_in_as_few_micro_batches_as_filling():
+    # prompts 1, responses 10, 10, 4, 3, 3, 2; budget 44. Filling: rows 0-3 cost 4 x (1 + 10) = 44,
+    # rows 4-5 2 x (1 + 3) = 8: 52 tokens. Cut after row 1 instead: 2 x 11 + 4 x (1 + 4) = 42.
+    prompts, responses = [1] * 6, [10, 10, 4, 3, 3, 2]
+    assert filled_cuts(prompts, responses, 44) == [0, 4, 6]
+    assert rows_of(token_micro_batches(prompts, responses, budget=44)) == [(0, 1), (2, 3, 4, 5)]
+
+
+def test_the_benchmarks_long_tailed_batch_pads_less():
+    # scripts/bench_lengths.py at 16 rows (prompt width 56, budget 8 x (56 + 128) = 1,472). Filling:
+    # 8 x 184 = 1,472 (both 128s with six short rows) + 8 x (56 + 10) = 528: 2,000 tokens. Cut
+    # after the 41: 3 x 184 = 552 + 13 x (56 + 25) = 1,053: 1,605 tokens, still two micro-batches.
+    responses = [4, 4, 5, 7, 7, 9, 10, 10, 11, 16, 17, 20, 25, 41, 128, 128]
+    groups = token_micro_batches([56] * 16, responses, budget=1472)
+    assert [sorted(responses[i] for i in m.rows) for m in groups] == [
+        [41, 128, 128], [4, 4, 5, 7, 7, 9, 10, 10, 11, 16, 17, 20, 25]]
+
+
+def _tokens(prompts, responses, cuts):
+    return sum((e - s) * (max(prompts[s:e]) + max(responses[s:e])) for s, e in zip(cuts, cuts[1:]))
+
+
+def test_the_cuts_are_the_least_padded_of_every_way_with_as_few_runs():
+    """Against every way to cut 1-8 rows (in their longest-first order) into runs within budget."""
+    rng = random.Random(0)
+    for _ in range(300):
+        rows = sorted(((rng.randint(1, 6), rng.randint(0, 12)) for _ in range(rng.randint(1, 8))),
+                      key=lambda row: -sum(row))
+        prompts, responses, budget = [p for p, _ in rows], [r for _, r in rows], rng.randint(5, 60)
+        n, fewest = len(rows), len(filled_cuts(prompts, responses, budget)) - 1
+        every = [[0, *inner, n] for m in range(n) for inner in itertools.combinations(range(1, n), m)]
+        within = [cuts for cuts in every if len(cuts) - 1 <= fewest and all(
+            e - s == 1 or _tokens(prompts[s:e], responses[s:e], [0, e - s]) <= budget
+            for s, e in zip(cuts, cuts[1:]))]
+        assert min(len(cuts) - 1 for cuts in within) == fewest  # filling needs no more runs than any way
+        cuts = least_padded_cuts(prompts, responses, budget)
+        assert cuts in within and len(cuts) - 1 == fewest
+        assert _tokens(prompts, responses, cuts) == min(_tokens(prompts, responses, c) for c in within)
 
 
 def test_a_row_longer_than_the_budget_runs_alone():

@@ -45,20 +45,76 @@ def token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], 
     """Positions 0..n-1 grouped so that each group costs at most `budget` tokens, a group costing
     its rows x (its longest prompt + its longest response), as it runs padded. Rows go longest
     first (ties in order, so the rows of a group of equal length stay together for shared
-    prompts), each added to the open group while the cost stays within budget; a row longer than
-    the budget gets a group of its own (`over_budget` names them)."""
+    prompts) and each group is a run of that order. There are as few groups as the budget allows,
+    and among the ways to cut the order into that many, the one that runs the fewest tokens
+    (least_padded_cuts): filling each group while it fits would put short rows beside the
+    longest ones, at the longest one's width. A row longer than the budget gets a group of its
+    own (`over_budget` names them)."""
     order = sorted(range(len(prompt_lengths)), key=lambda i: (-(prompt_lengths[i] + response_lengths[i]), i))
-    groups, current, prompt, response = [], [], 0, 0
-    for i in order:
-        wider_prompt, wider_response = max(prompt, prompt_lengths[i]), max(response, response_lengths[i])
-        if current and (len(current) + 1) * (wider_prompt + wider_response) > budget:
-            groups.append(MicroBatch(tuple(current)))
-            current, wider_prompt, wider_response = [], prompt_lengths[i], response_lengths[i]
-        current.append(i)
-        prompt, response = wider_prompt, wider_response
-    if current:
-        groups.append(MicroBatch(tuple(current)))
-    return groups
+    cuts = least_padded_cuts([prompt_lengths[i] for i in order], [response_lengths[i] for i in order], budget)
+    return [MicroBatch(tuple(order[start:end])) for start, end in zip(cuts, cuts[1:])]
+
+
+def filled_cuts(prompts: list[int], responses: list[int], budget: int) -> list[int]:
+    """Cut points (0, ..., n) of rows in their order, each run filled while it costs at most
+    `budget` (a row alone may cost more). No way of cutting into runs has fewer, and none reaches
+    further with its first j runs: a run inside one that fits also fits."""
+    cuts, prompt, response = [0], 0, 0
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        prompt, response = max(prompt, p), max(response, r)
+        if i > cuts[-1] and (i + 1 - cuts[-1]) * (prompt + response) > budget:
+            cuts.append(i)
+            prompt, response = p, r
+    return cuts + [len(prompts)] if prompts else cuts
+
+
+class RangeMax:
+    """The largest of values[s:e] for many (s, e) at once, from a sparse table (log n levels)."""
+
+    def __init__(self, values: list[int]):
+        self.levels = [torch.tensor(values, dtype=torch.float64)]
+        while 2 ** len(self.levels) <= len(values):
+            below, half = self.levels[-1], 2 ** (len(self.levels) - 1)
+            self.levels.append(torch.maximum(below[:-half], below[half:]))
+
+    def __call__(self, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """starts, ends: int64 tensors of one shape, ends > starts."""
+        level = torch.log2((ends - starts).to(torch.float64)).floor().long()
+        out = torch.empty(starts.shape, dtype=torch.float64)
+        for k in level.unique().tolist():
+            at = level == k
+            out[at] = torch.maximum(self.levels[k][starts[at]], self.levels[k][ends[at] - 2 ** k])
+        return out
+
+
+def least_padded_cuts(prompts: list[int], responses: list[int], budget: int) -> list[int]:
+    """Cut points (0, ..., n) of rows in their order into as few runs as `budget` allows (each
+    costing at most budget; a row alone may cost more), with the fewest tokens run in all, a run
+    costing rows x (longest prompt + longest response). Dynamic programming over the j-th cut,
+    which lies between where filling from the end and filling from the start put it (no cut of
+    that many runs is further either way)."""
+    n = len(prompts)
+    latest = filled_cuts(prompts, responses, budget)
+    groups = len(latest) - 1
+    earliest = [n - c for c in reversed(filled_cuts(prompts[::-1], responses[::-1], budget))]
+    widest_prompt, widest_response = RangeMax(prompts), RangeMax(responses)
+    ends = torch.tensor([0])
+    least = torch.zeros(1, dtype=torch.float64)  # least[i]: rows 0..ends[i]-1 in j runs
+    last_starts = []  # for runs j = 1..groups: where the j-th run starts, by where it ends
+    for j in range(1, groups + 1):
+        starts, ends = ends, torch.arange(earliest[j], latest[j] + 1)
+        s, e = torch.broadcast_tensors(starts.unsqueeze(1), ends.unsqueeze(0))
+        cost = torch.full(s.shape, float("inf"), dtype=torch.float64)  # [start, end]: the run's tokens
+        run = e > s
+        rows = (e[run] - s[run]).to(torch.float64)
+        tokens = rows * (widest_prompt(s[run], e[run]) + widest_response(s[run], e[run]))
+        cost[run] = torch.where((rows > 1) & (tokens > budget), float("inf"), tokens)
+        least, at = (least.unsqueeze(1) + cost).min(dim=0)
+        last_starts.append(starts[at])
+    cuts = [n]
+    for j in reversed(range(groups)):
+        cuts.append(int(last_starts[j][cuts[-1] - earliest[j + 1]]))
+    return cuts[::-1]
 
 
 def over_budget(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[int]:
