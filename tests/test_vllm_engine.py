@@ -358,9 +358,14 @@ def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_
     events = []
     backend = VLLMBackend(ModelSpec(str(model_dir), checkpoint=adapter.parent), GenerationSettings(0.6, 1.0, 5, 8),
                           api=fake_api(events))
+    assert events == []  # vLLM starts when it sees the prompts it must hold
+    requests = [Request("12+3=", 2, 7), Request("9", 1, 8)]
+    assert backend.call_sizes(requests) == [2]
     kwargs = events[0][1]
     assert kwargs["max_lora_rank"] == 32 and kwargs["gpu_memory_utilization"] == 0.9 and not kwargs["enable_sleep_mode"]
-    out = backend.generate([Request("12+3=", 2, 7), Request("9", 1, 8)])
+    # KV cache for the longest prompt and the response limit, not the model's own limit
+    assert kwargs["max_model_len"] == len(tokenizer("12+3=", add_special_tokens=False)["input_ids"]) + 5
+    out = backend.generate(requests)
     _, prompts, params, lora = [e for e in events if e[0] == "generate"][0]
     assert prompts[0]["prompt_token_ids"] == tokenizer("12+3=", add_special_tokens=False)["input_ids"]
     assert [p.seed for p in params] == [*sample_seeds(7, 2), *sample_seeds(8, 1)]
@@ -368,6 +373,23 @@ def test_eval_backend_serves_the_checkpoint_adapter_with_token_ids_and_our_stop_
     assert (lora.lora_int_id, lora.lora_path) == (1, str(adapter.resolve()))
     assert [len(g.texts) for g in out] == [2, 1]
     assert out[0].lengths == [3, 3] and out[0].truncated == [True, True]  # STOP is not one of this tokenizer's stops
+
+
+def test_eval_backend_reserves_no_more_than_the_models_limit_and_starts_once(tmp_path):
+    from benchmarks.generation import GenerationSettings, Request
+    from meds_cli.engine.model_io.tiny import tiny_tokenizer
+    from meds_cli.engine.rollout.eval_backends import ModelSpec, VLLMBackend
+
+    model_dir = tmp_path / "model"
+    tiny_tokenizer().save_pretrained(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    events = []
+    backend = VLLMBackend(ModelSpec(str(model_dir)), GenerationSettings(0.6, 1.0, 100, 8), api=fake_api(events))
+    assert backend.call_sizes([]) == [] and events == []  # nothing left to sample: vLLM never starts
+    backend.generate([Request("12+3=", 1, 7)])  # without call_sizes: sized by these requests
+    backend.generate([Request("9", 1, 8)])
+    inits = [e[1] for e in events if e[0] == "init"]
+    assert len(inits) == 1 and inits[0]["max_model_len"] == 64  # prompt + 100 capped at the model's 64
 
 
 def test_the_processes_of_one_tensor_parallel_group_share_an_engine_seed(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ model.name) plus either its peft adapter (`adapter/`) or its trainable weights
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +172,10 @@ class HFBackend:
 
 class VLLMBackend:
     """The `vllm` rollout engine serving the evaluated model (and its checkpoint's adapter); a
-    chunk of problems per call."""
+    chunk of problems per call. vLLM starts when the eval's requests are first seen (call_sizes
+    sees all of them, generate those it is given): it reserves KV cache for the longest prompt
+    plus --max-new-tokens, not for the model's own limit (32k and more for Qwen2.5, 128k for
+    Llama 3.1), which a smaller GPU may not hold even one sequence of."""
 
     name = "vllm"
     problems_per_call = 64  # enough to fill the GPU, few enough to save progress often
@@ -196,14 +200,38 @@ class VLLMBackend:
         # Eval has the GPU alone; on a CPU, compiling would take longer than most evals.
         options = VLLMConfig(gpu_memory_utilization=0.9, sleep_level=0, dtype=_dtype(spec),
                              enforce_eager=not cuda_available())
-        self.engine = VLLMEngine(source, options=options, lora_rank=rank, adapter_path=adapter, api=api)
+        self.start = functools.partial(VLLMEngine, source, options=options, lora_rank=rank, adapter_path=adapter,
+                                       api=api)
+        self.model_limit = _position_limit(source)
+        self.engine = None
+
+    def _started(self, requests: list[Request]) -> VLLMEngine:
+        if self.engine is None:
+            ids = self.tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"]
+            needed = max(map(len, ids), default=0) + self.settings.max_new_tokens
+            # within the model's limit, where vLLM stops a response at the limit as it did before
+            self.engine = self.start(model_len=min(needed, self.model_limit) if self.model_limit else needed)
+        return self.engine
 
     def call_sizes(self, requests: list[Request]) -> list[int]:
+        if requests:
+            self._started(requests)
         whole, rest = divmod(len(requests), self.problems_per_call)
         return [self.problems_per_call] * whole + ([rest] if rest else [])
 
     def generate(self, requests: list[Request]) -> list[Generated]:
-        return generate_with(self.engine, self.tokenizer, requests, self.settings)
+        return generate_with(self._started(requests), self.tokenizer, requests, self.settings)
+
+
+def _position_limit(source: str) -> int:
+    """The model config's max_position_embeddings (0 where it cannot be read or does not say)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        return 0
+    return int(getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
 
 
 # Each merged copy is a whole model: evaluating a run's checkpoints one after another would
