@@ -19,10 +19,10 @@ os.environ.pop("ACCELERATE_MIXED_PRECISION", None)  # the launch's value would w
 timed = []
 
 
-def calibrated_here(key, path, unit, why, packing, measure_fn):
+def calibrated_here(key, path, unit, why, packings, measure_fn):
     """This process's own answer: bf16 faster on process 0 only, as if the CPUs differed."""
     timed.append(rank)
-    return cpu_calibration.Calibration(cpu_calibration.FastPaths(False, rank == 0, f"process {rank}'s timing"),
+    return cpu_calibration.Calibration(cpu_calibration.FastPaths("none", rank == 0, f"process {rank}'s timing"),
                                        f"calibrated {path}")
 
 

@@ -12,7 +12,7 @@ from tests.cpu_launch import ROOT, launch_cpu
 
 
 def calibration(bf16: bool) -> Calibration:
-    return Calibration(FastPaths(False, bf16, "timed"), "calibrated here")
+    return Calibration(FastPaths("none", bf16, "timed"), "calibrated here")
 
 
 def test_the_cpu_is_asked_through_the_agreement():
