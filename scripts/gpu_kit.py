@@ -164,6 +164,12 @@ def resolve(top: list[Requirement], machine: dict[str, str | None], wheels: Path
                 raise KitError(f"pip download gave no wheel of {name}")
             found.carried[name] = by_name[name]
             queue += [r for r in wheel_requirements(by_name[name]) if applies(r, markers)]
+    for name in sorted(set(found.carried) & set(found.machine) - found.fallbacks):
+        # carried because one package refused the machine's version: it must fit the others too
+        version = wheel_version(found.carried[name])[1]
+        for specifier in found.machine.pop(name):
+            if not fits(Requirement(f"{name}{specifier}"), version):
+                raise KitError(f"{name} {version} is carried, but another package needs {name}{specifier}")
     return found
 
 

@@ -4,7 +4,7 @@
 #   bash gpu-kit/run.sh              # every row that can run there
 #   bash gpu-kit/run.sh --only hf    # arguments go on to scripts/gpu_check_all.py
 #   GPU_KIT_TINY=1 bash gpu-kit/run.sh   # the CPU stand-in of every row (CI: tests/test_gpu_kit.py)
-# It makes a venv that sees the machine's own packages, installs the kit's wheels into it offline,
+# It makes a venv that sees the machine's own packages (torch among them), installs the kit's wheels into it offline,
 # records the environment, then runs scripts/gpu_check_all.py with the kit's row limits, all within
 # GPU_KIT_BUDGET_S seconds (480). Into $OUT (gpu-kit/out without one): run.log (everything printed),
 # environment.txt (GPU, driver, CUDA, versions, pip check), table.txt and rows.log (each row's tails).
@@ -20,8 +20,12 @@ mkdir -p "$OUT"
 
 environment() {  # what the table's figures depend on
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "nvidia-smi: not found"
-  nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' || true
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    nvidia-smi 2>&1 | grep -o 'CUDA Version: *[0-9.]*'
+  else
+    echo "nvidia-smi: not found"
+  fi
   "$VENV/bin/python" - "$KIT/kit.json" <<'PY'
 import importlib.metadata as md, json, platform, sys
 print(f"python: {platform.python_version()} ({sys.executable})")
@@ -49,10 +53,13 @@ if json.load(open(sys.argv[1]))["pyproject_sha256"] != hashlib.sha256(open(sys.a
     print("gpu-kit: warning: pyproject.toml changed since the kit was built (make gpu-kit again)")
 PY
   VENV=$(mktemp -d)/venv
-  "$PYTHON" -m venv --without-pip --system-site-packages "$VENV" || { echo "gpu-kit: venv failed"; return 3; }
-  # The machine's python3 may itself be a venv (/opt/torch/.venv): a venv made from it sees the
-  # base interpreter's packages, not that venv's. A .pth file adds the machine Python's own.
-  "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+  # A venv that sees the machine Python's packages (torch and the rest) behind the kit's. Not with
+  # --system-site-packages: the machine's python3 is itself a venv (/opt/torch/.venv), and a venv
+  # made from it would see its base interpreter's packages, not torch; a .pth file names the
+  # machine Python's own package folders instead (here, in CI, the same holds for the test's venv).
+  "$PYTHON" -m venv --without-pip "$VENV" || { echo "gpu-kit: venv failed"; return 3; }
+  "$PYTHON" -c 'import site, sys; print("\n".join(dict.fromkeys(
+      site.getsitepackages() + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))])))' \
     >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gpu-kit-machine.pth"
   local pip=("$PYTHON" -m pip --python "$VENV/bin/python" install --quiet --no-index --no-cache-dir --no-compile
              --find-links "$KIT/wheels")
