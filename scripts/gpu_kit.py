@@ -232,10 +232,12 @@ def sha256(path: Path) -> str:
 
 
 def build(out: Path, python_version: str, max_mib: float = MAX_MIB, machine_list: Path = MACHINE_LIST) -> dict:
-    """Build the kit into `out` (replacing what is there) and return its manifest."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("wheels", "tokenizer"):
-        shutil.rmtree(out / stale, ignore_errors=True)
+    """Build the kit into `out` (replacing an earlier kit there, its run's out/ too) and return its manifest."""
+    if out.exists() and any(out.iterdir()) and not (out / "kit.json").is_file():
+        raise KitError(f"{out} is not empty and holds no kit (kit.json): give an empty or new folder")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / "kit.json").write_text("{}\n")  # a build stopped half way is still a kit the next one replaces
     wheels, tokenizer = out / "wheels", out / "tokenizer"
     wheels.mkdir()
     project = build_project_wheel(wheels)

@@ -122,6 +122,16 @@ def test_what_would_not_travel(tmp_path):
                         "tokenizer/config.json: names /home/me, a folder of the machine that built the kit"]
 
 
+def test_a_folder_that_holds_no_kit_is_left_alone(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert kit_module().main(["--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path} is not empty and holds no kit (kit.json): give an empty " \
+                                      f"or new folder\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    assert kit_module().main(["--out", str(tmp_path), "--python-version", "twelve"]) == 2
+    assert "--python-version must look like 3.12, got 'twelve'" in capsys.readouterr().err
+
+
 # --- the real kit (downloads from PyPI; `make test-gpu-kit`) ---
 
 def run(argv, **kwargs):
