@@ -54,6 +54,16 @@ GPU_PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 gpu-check:
 	@$(GPU_PYTHON) scripts/gpu_check_all.py
 
+# The GPU kit (docs/gpu.md): gpu-kit/, git-ignored, at most 48 MiB: the wheels the lent GPU machine
+# lacks (for its Python 3.12), the project's wheel, the embedded tokenizer and run.sh, which runs
+# `make gpu-check` there offline in one device call. test-gpu-kit: the same kit for a Python here, installed
+# offline into a fresh venv with the GPU machine's versions, and run.sh's CPU stand-in of every row.
+.PHONY: gpu-kit test-gpu-kit
+gpu-kit: setup
+	.venv/bin/python scripts/gpu_kit.py --out gpu-kit --python-version 3.12
+test-gpu-kit: setup
+	.venv/bin/python -m pytest -q -m gpu_kit tests/test_gpu_kit.py
+
 # The tests against a real Slurm cluster (marked slurm; the default suite leaves them out): start
 # a one-node one here first with `sudo bash scripts/slurm_local.sh start` (stop: ... stop).
 test-slurm: setup

@@ -3,6 +3,7 @@ paper's response length, to see time and memory on a GPU before a real run.
 
     bash scripts/gpu_check.sh                   # one GPU, no network; a few minutes
     python scripts/gpu_check.py --tiny          # the same path on CPU with a 2-layer model
+    python scripts/gpu_check.py --tokenizer DIR # a saved tokenizer folder instead of the embedded GGUF's
 
 The model is built from configs/gpu_check/qwen2.5-math-1.5b/config.json with random weights
 (throughput and memory do not depend on the values) in fp32 master weights under bf16 autocast,
@@ -46,6 +47,8 @@ def build_model(tiny: bool, device: str):
     if tiny:
         for key, value in TINY_SHAPE.items():
             setattr(config, key, value)
+        if getattr(config, "layer_types", None):  # one per layer: saving checks the count
+            config.layer_types = config.layer_types[:config.num_hidden_layers]
     torch.manual_seed(0)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -66,6 +69,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true",
                         help="a 2-layer model on CPU, 8 tokens: checks the script itself")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--tokenizer", default="",
+                        help="a tokenizer folder (the GPU kit's, extracted from the embedded GGUF); default: the "
+                             "embedded model's own")
     args = parser.parse_args(argv)
     from meds_cli.engine.config import load_config
     from meds_cli.engine.model_io.model import EMBEDDED, load_tokenizer, resolve_model
@@ -77,7 +83,7 @@ def main(argv=None) -> int:
         return 2
     s = settings(args.tiny, args.steps)
     started = time.perf_counter()
-    tokenizer = load_tokenizer(resolve_model(EMBEDDED))
+    tokenizer = load_tokenizer(args.tokenizer or resolve_model(EMBEDDED))
     model = build_model(args.tiny, device)
     cfg = load_config(overrides=overrides(s))
     if device == "cuda":

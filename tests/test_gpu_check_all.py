@@ -2,7 +2,6 @@
 lines that meds and accelerate accept (checked with --dry-run on CPU), the table's parts, and
 one line with exit code 2 where no GPU is visible."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from meds_cli.app import app
+from tests.script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "configs" / "gpu_check" / "qwen2.5-math-1.5b"
 
 
 def runner_module():
-    spec = importlib.util.spec_from_file_location("gpu_check_all", ROOT / "scripts" / "gpu_check_all.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check_all")
 
 
 def _plan(gpus):
@@ -125,3 +121,46 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert done.stdout.splitlines() == [runner_module().NO_GPU] and done.stderr == ""
+
+
+def test_vllm_rows_are_skipped_without_vllm_and_skips_count_as_passed():
+    module = runner_module()
+    rows = module.plan(1, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"), vllm=False)
+    skipped = [row.name for row in rows if row.skip]
+    assert skipped == ["vLLM colocated, sleep level 1", "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync"]
+    assert all(row.skip == "skipped: vLLM not installed" for row in rows if row.skip)
+    result = module.run_row(next(row for row in rows if row.skip), env={})
+    assert result.outcome == "skipped: vLLM not installed" and result.peak_gib is None
+    assert module.counts_as_passed("passed") and module.counts_as_passed(result.outcome)
+    assert not module.counts_as_passed("timed out after 100 s")
+
+
+def test_the_kits_limits_fit_its_budget_and_the_tiny_plan_runs_on_cpu():
+    module = runner_module()
+    kit = module.plan(1, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"), tokenizer="/kit/tokenizer",
+                      limits=module.KIT_LIMITS_S, vllm=False)
+    assert {row.name: row.time_limit_s for row in kit if not row.skip} == \
+        {"gpu_check.py, 1.5B architecture": 180, "hf engine": 100, "FSDP2 on every GPU": 120}
+    # the rows one H200 without vLLM runs, plus about a minute of install and model building, in 8 minutes
+    assert sum(row.time_limit_s for row in kit if not row.skip) + 60 <= 480
+    assert kit[0].argv[-2:] == ["--tokenizer", "/kit/tokenizer"] and "--tiny" not in kit[0].argv
+    tiny = module.plan(1, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"), tiny=True)
+    assert "--tiny" in tiny[0].argv
+    hf = next(row for row in tiny if row.name == "hf engine").argv
+    assert "rollout.max_new_tokens=8" in hf and "train.mixed_precision=no" in hf and "train.steps=2" in hf
+
+
+def test_a_row_past_its_limit_is_stopped_with_its_children(tmp_path):
+    """A launcher's workers are stopped with it: a child that would outlive the row writes a file."""
+    module = runner_module()
+    marker = tmp_path / "child-lived"
+    (tmp_path / "child.py").write_text(f"import time\ntime.sleep(3)\nopen({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "row.py").write_text(f"import subprocess, sys, time\n"
+                                     f"subprocess.Popen([sys.executable, {str(tmp_path / 'child.py')!r}])\n"
+                                     f"print('started', flush=True)\ntime.sleep(60)\n")
+    code, stdout, _ = module.run_limited([sys.executable, str(tmp_path / "row.py")], dict(os.environ), limit_s=1)
+    assert code is None and stdout.strip() == "started"
+    import time
+
+    time.sleep(4)
+    assert not marker.exists()
