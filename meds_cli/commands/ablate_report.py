@@ -138,10 +138,11 @@ def arm_setup(run_dir: Path, overrides: dict) -> str:
 
 
 def markdown_table(rows: list[dict], k: int | None) -> str:
-    headers = ["variant", "setup", "seeds"] + [h.replace("pass@k", f"pass@{k}" if k else "pass@k") for _, h in METRICS]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|"]
+    headers = ["variant", "seeds", "setup"] + [h.replace("pass@k", f"pass@{k}" if k else "pass@k") for _, h in METRICS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---", "---:", "---"] + ["---:"] * (len(headers) - 3))
+             + "|"]
     for row in rows:
-        cells = [row["variant"], row.get("setup", "-"), str(row["seeds"])] + [
+        cells = [row["variant"], str(row["seeds"]), row.get("setup", "-")] + [
             _cell(row[key], row[f"{key}_std"]) for key, _ in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -152,12 +153,12 @@ def rich_table(rows: list[dict], k: int | None, title: str):
 
     table = Table(title=title, title_justify="left")
     table.add_column("variant", no_wrap=True)
-    table.add_column("setup")
     table.add_column("seeds", justify="right")
+    table.add_column("setup")
     for _, header in METRICS:
         table.add_column(header.replace("pass@k", f"pass@{k}" if k else "pass@k"), justify="right")
     for row in rows:
-        table.add_row(row["variant"], row.get("setup", "-"), str(row["seeds"]),
+        table.add_row(row["variant"], str(row["seeds"]), row.get("setup", "-"),
                       *(_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS))
     return table
 
