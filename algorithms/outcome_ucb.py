@@ -4,7 +4,7 @@ response's final answer is added to the base algorithm's advantages after their 
 normalisation (the paper's Eq. 1: (1/n) sum_i [A_i + c * b(x, a_i)], A_i the GRPO advantage):
 
     ucb       b_i = min(1, sqrt(1 / N(x, a_i)))                     historical exploration
-    ucb-mean  b_i - mean of b_j over the group's other responses     (UCB-Mean)
+    ucb-mean  b_i - mean of b_j over the group's other responses     (UCB-Mean; none answered: b_i)
     ucb-con   b_i - b0                                                (UCB-Con, b0 = outcome-ucb.baseline)
     batch     -(1/n) * #{j != i in the group: a_j = a_i}             batch exploration (replaces the UCB term)
     A_i  <-   A_i + c * term_i                                         c = outcome-ucb.coef (0.2)

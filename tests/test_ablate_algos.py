@@ -34,7 +34,7 @@ def test_algos_from_a_grid_file(tmp_path):
     assert [v.name for v in expand(read_grid(grid), "dapo")] == [
         "grpo_seed-1", "grpo_seed-2", "meds_seed-1", "meds_seed-2", "w-reinforce_seed-1", "w-reinforce_seed-2"]
     shipped = plan(grid_file=ROOT / "configs" / "ablate" / "family.yaml")
-    assert shipped.variants[0].group == "dapo" and len({v.group for v in shipped.variants}) == 8
+    assert shipped.variants[0].group == "dapo" and len({v.group for v in shipped.variants}) == 10
 
 
 def test_bad_algos_are_one_line():
