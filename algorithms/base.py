@@ -113,7 +113,6 @@ class Algorithm:
     config_class: type = GRPOConfig
     composes = False  # True for shaping methods that wrap a base algorithm
     default_base = "dapo"  # a shaping method's algo.base when the config leaves it empty
-    key_settings: tuple[str, ...] = ()  # own config keys `meds ablate` shows beside the arm's name
     # Rewards are normalised within each group of responses to a prompt: a group of one has no
     # baseline, so rollout.group_size must be at least this (checked when the config loads).
     min_group_size = 2
@@ -128,6 +127,12 @@ class Algorithm:
                 warnings.warn(f"{self.name}: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
                               "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
                               "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
+
+    @classmethod
+    def key_settings(cls, own) -> dict[str, Any]:
+        """The settings of its config section `own` that say what this arm runs (`meds ablate`
+        shows them beside the arm's name); default: none."""
+        return {}
 
     @classmethod
     def check_settings(cls, sections: Mapping[str, Any], base: str, group_size: int) -> None:

@@ -87,7 +87,15 @@ class OutcomeUCB(OnBase):
     config_class = OutcomeUCBConfig
     bases = ("grpo", "dapo")
     default_base = "grpo"  # the paper's base; DAPO's dynamic sampling would hide the all-wrong groups
-    key_settings = ("variant", "coef", "counts")
+
+    @classmethod
+    def key_settings(cls, own):
+        settings = {"variant": own.variant, "coef": own.coef}
+        if own.variant == "ucb-con":
+            settings["baseline"] = own.baseline
+        if own.variant != "batch":  # batch exploration reads no counts
+            settings["counts"] = own.counts
+        return settings
 
     def __init__(self, config, context, base):
         super().__init__(config, context, base)

@@ -71,7 +71,10 @@ class WReinforce(OnBase):
     config_class = WReinforceConfig
     bases = ("grpo", "dapo")
     replaces_advantages = True
-    key_settings = ("mode", "positive_weight")
+
+    @classmethod
+    def key_settings(cls, own):  # lambda only where it acts
+        return {"mode": own.mode, **({"positive_weight": own.positive_weight} if own.mode == "weighted" else {})}
 
     def compute_advantages(self, rollouts):
         correct = correct_mask(rollouts)

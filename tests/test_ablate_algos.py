@@ -100,7 +100,7 @@ def test_arm_setup_names_the_base_and_the_presets_settings(tmp_path):
          "outcome-ucb on grpo; outcome-ucb.variant=ucb; outcome-ucb.coef=0.2; outcome-ucb.counts=earlier"),
         ("nsr", ["algo.name=w-reinforce", "w-reinforce.mode=nsr"], {"algo.name": "w-reinforce",
                                                                    "w-reinforce.mode": "nsr"},
-         "w-reinforce on dapo; w-reinforce.mode=nsr; w-reinforce.positive_weight=0.1"),
+         "w-reinforce on dapo; w-reinforce.mode=nsr"),
         ("passk", ["algo.name=dapo", "dapo.adv_estimator=passk"], {"algo.name": "dapo", "dapo.adv_estimator": "passk"},
          "dapo; dapo.adv_estimator=passk"),
     ]:

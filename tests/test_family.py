@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from algorithms import ALGORITHMS
 from algorithms.advantages import ADV_ESTIMATORS, group_advantages, passk_group_advantages
 from algorithms.outcome_ucb import exploration_terms, ucb_bonus
 from algorithms.policy_loss import POLICY_LOSSES, agg_loss, clip_cov_loss, clipped_surrogate
@@ -264,6 +265,11 @@ def test_outcome_ucb_defaults_settings_and_dapo_warning():
     own = cfg.section("outcome-ucb")
     assert (cfg.algo.base, own.variant, own.coef, own.counts) == ("grpo", "ucb", 0.2, "earlier")
     assert tiny_config("algo.name=meds").algo.base == "dapo"  # the other shaping methods keep DAPO
+    con = tiny_config("algo.name=outcome-ucb", "outcome-ucb.variant=ucb-con", "outcome-ucb.baseline=1")
+    key = ALGORITHMS.get("outcome-ucb").key_settings  # what `meds ablate` shows beside the arm
+    assert key(con.section("outcome-ucb")) == {"variant": "ucb-con", "coef": 0.2, "baseline": 1.0, "counts": "earlier"}
+    batch_only = tiny_config("algo.name=outcome-ucb", "outcome-ucb.variant=batch").section("outcome-ucb")
+    assert key(batch_only) == {"variant": "batch", "coef": 0.2}  # batch exploration reads no counts
     with pytest.warns(UserWarning, match="outcome-ucb on dapo: dynamic sampling drops the groups of equal correctness"):
         ucb_algo("algo.base=dapo")
     with pytest.raises(UserError, match="outcome-ucb.coef must be at least 0"):

@@ -130,8 +130,8 @@ def arm_setup(run_dir: Path, overrides: dict) -> str:
         return "-"
     cfg = load_config([str(run_dir / "config.yaml")])
     cls = ALGORITHMS.get(cfg.algo.name)
-    own = cfg.algorithms[cfg.algo.name]
-    settings = {f"{cfg.algo.name}.{key}": getattr(own, key) for key in cls.key_settings}
+    own = cls.key_settings(cfg.algorithms[cfg.algo.name])
+    settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
     settings.update({k: v for k, v in overrides.items() if k not in ("algo.name", "train.seed")})
     head = f"{cfg.algo.name} on {cfg.algo.base}" if cls.composes else cfg.algo.name
     return "; ".join([head] + [f"{k}={v}" for k, v in settings.items()])
