@@ -10,8 +10,8 @@ its own config dataclass (its YAML section). Shaping methods (MEDS, EDAS) wrap a
 algorithm with `OnBase` and change only the hooks they need.
 
 An algorithm sees its own config section and an `AlgorithmContext` (reward values, the length
-limit, the task's answer reader), never the whole run config: it cannot come to depend on
-another algorithm's keys or on which task runs.
+limit, the task's answer reader, a gather over the run's processes), never the whole run config:
+it cannot come to depend on another algorithm's keys or on which task runs.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class GRPOConfig:
                 f"{prefix}clip_cov_lb={self.clip_cov_lb} must be below {prefix}clip_cov_ub={self.clip_cov_ub}")
 
 
+def one_process(value) -> list:
+    """The gather of a run of one process: its own value."""
+    return [value]
+
+
 @dataclass(frozen=True)
 class AlgorithmContext:
     """What an algorithm may know of the run besides its own config section; the engine builds it
@@ -94,6 +99,10 @@ class AlgorithmContext:
     # rollout.temperature: responses are drawn from softmax(logits / T), the distribution whose
     # log-probs the loss uses (algorithms.md, notation).
     sampling_temperature: float = 1.0
+    # gather(value) -> [value of process 0, value of process 1, ...]: a collective every process
+    # enters, from the same hook at the same step (shape_rewards and compute_advantages run on
+    # every process at every step that trains); values are picklable. One process: [value].
+    gather: Callable[[Any], list] = one_process
 
 
 class Algorithm:
@@ -103,6 +112,7 @@ class Algorithm:
     description = ""
     config_class: type = GRPOConfig
     composes = False  # True for shaping methods that wrap a base algorithm
+    default_base = "dapo"  # a shaping method's algo.base when the config leaves it empty
     # Rewards are normalised within each group of responses to a prompt: a group of one has no
     # baseline, so rollout.group_size must be at least this (checked when the config loads).
     min_group_size = 2
@@ -117,6 +127,12 @@ class Algorithm:
                 warnings.warn(f"{self.name}: with train.ppo_epochs=1 and one mini-batch the policy ratio is exactly 1, "
                               "so the KL-Cov penalty |logp - old_logp| is zero; set train.ppo_epochs>1 or "
                               "train.mini_batch_size below the batch to make it act", UserWarning, stacklevel=3)
+
+    @classmethod
+    def key_settings(cls, own) -> dict[str, Any]:
+        """The settings of its config section `own` that say what this arm runs (`meds ablate`
+        shows them beside the arm's name); default: none."""
+        return {}
 
     @classmethod
     def check_settings(cls, sections: Mapping[str, Any], base: str, group_size: int) -> None:

@@ -200,8 +200,12 @@ def agg_loss(loss, mask, mode: str, *, total_tokens=None, total_seqs=None, norm_
     total_tokens / total_seqs default to this batch's own counts; the trainer passes the counts
     of the whole mini-batch (over micro-batches and processes), so that accumulated micro-batches
     and data-parallel processes add up to exactly the loss of the full batch.
-    For seq-mean-token-sum-norm verl's agg_loss returns sum / norm_length and its actor then
-    scales each micro-batch by micro/mini size; the division by total_seqs here is that scaling.
+    For seq-mean-token-sum-norm the division by norm_length * total_seqs (the mini-batch's
+    sequences) is current verl's. It is not PRIME-RL's fork (the Clip-Cov reference), whose
+    agg_loss returns sum / norm_length per micro-batch and whose actor scales each micro-batch by
+    its share of the mini-batch: that equals this only for micro-batches of one row (16 rows x 12
+    tokens: -0.636 here, -10.17 there). The released Clip-Cov recipe uses token-mean, where they
+    agree (docs/algorithms.md, Clip-Cov).
     """
     mask = mask.to(loss.dtype)
     if total_tokens is None:

@@ -21,3 +21,7 @@ register_preset("kl-cov", "DAPO with the KL-Cov policy loss (dapo.policy_loss=kl
                 {"algo.name": "dapo", "dapo.policy_loss": "kl-cov"})
 register_preset("entropy-bonus", "DAPO with the entropy bonus (dapo.entropy_coef=0.001)",
                 {"algo.name": "dapo", "dapo.entropy_coef": 0.001})
+register_preset("psr", "PSR: W-REINFORCE's correct responses only (w-reinforce.mode=psr; wrong ones leave the loss)",
+                {"algo.name": "w-reinforce", "w-reinforce.mode": "psr"})
+register_preset("nsr", "NSR: W-REINFORCE's wrong responses only (w-reinforce.mode=nsr; correct ones leave the loss)",
+                {"algo.name": "w-reinforce", "w-reinforce.mode": "nsr"})

@@ -34,7 +34,7 @@ def test_algos_from_a_grid_file(tmp_path):
     assert [v.name for v in expand(read_grid(grid), "dapo")] == [
         "grpo_seed-1", "grpo_seed-2", "meds_seed-1", "meds_seed-2", "w-reinforce_seed-1", "w-reinforce_seed-2"]
     shipped = plan(grid_file=ROOT / "configs" / "ablate" / "family.yaml")
-    assert shipped.variants[0].group == "dapo" and len({v.group for v in shipped.variants}) == 8
+    assert shipped.variants[0].group == "dapo" and len({v.group for v in shipped.variants}) == 10
 
 
 def test_bad_algos_are_one_line():
@@ -64,6 +64,10 @@ def test_two_algorithms_end_to_end(tmp_path):
     assert load_config([str(folder / "w-reinforce_seed-0" / "config.yaml")]).algo.name == "w-reinforce"
     summary = json.loads((folder / "summary.json").read_text())
     assert [r["variant"] for r in summary["rows"]] == ["grpo", "w-reinforce"]
+    # each arm's base and key settings, in the table too
+    setups = ["grpo", "w-reinforce on grpo; w-reinforce.mode=weighted; w-reinforce.positive_weight=0.1"]
+    assert [r["setup"] for r in summary["rows"]] == setups
+    assert all(f"| {s} |" in (folder / "summary.md").read_text() for s in setups)
     for row in summary["rows"]:
         for key in ("pass@1", "pass@k", "distinct_wrong", "distinct_correct", "entropy"):
             assert row[key] is not None, (row["variant"], key)
@@ -84,3 +88,23 @@ def test_two_algorithms_end_to_end(tmp_path):
     again = runner.invoke(app, ["ablate", *sets, "--algos", "grpo,w-reinforce", "--seeds", "0", "--steps", "2",
                                 "--output", str(folder), "--k", "2", "-q"])
     assert again.exit_code == 0 and again.output.count("finished, skipped") == 2, again.output
+
+
+def test_arm_setup_names_the_base_and_the_presets_settings(tmp_path):
+    from meds_cli.commands.ablate_report import arm_setup
+    from meds_cli.engine.config import dump_yaml
+    from tests.conftest import tiny_config
+
+    for name, sets, overrides, expected in [
+        ("ucb", ["algo.name=outcome-ucb"], {"algo.name": "outcome-ucb", "train.seed": 0},
+         "outcome-ucb on grpo; outcome-ucb.variant=ucb; outcome-ucb.coef=0.2; outcome-ucb.counts=earlier"),
+        ("nsr", ["algo.name=w-reinforce", "w-reinforce.mode=nsr"], {"algo.name": "w-reinforce",
+                                                                   "w-reinforce.mode": "nsr"},
+         "w-reinforce on dapo; w-reinforce.mode=nsr"),
+        ("passk", ["algo.name=dapo", "dapo.adv_estimator=passk"], {"algo.name": "dapo", "dapo.adv_estimator": "passk"},
+         "dapo; dapo.adv_estimator=passk"),
+    ]:
+        (tmp_path / name).mkdir()
+        dump_yaml(tiny_config(*sets), tmp_path / name / "config.yaml")
+        assert arm_setup(tmp_path / name, overrides) == expected
+    assert arm_setup(tmp_path / "missing", {}) == "-"

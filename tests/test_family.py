@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from algorithms import ALGORITHMS
 from algorithms.advantages import ADV_ESTIMATORS, group_advantages, passk_group_advantages
-from algorithms.outcome_ucb import repetition_penalties, ucb_bonus
+from algorithms.outcome_ucb import exploration_terms, ucb_bonus
 from algorithms.policy_loss import POLICY_LOSSES, agg_loss, clip_cov_loss, clipped_surrogate
 from algorithms.unlikeliness import sequence_logprob, unlikeliness_rewards
-from algorithms.w_reinforce import w_reinforce_advantages
+from algorithms.w_reinforce import psr_nsr_advantages
 from meds_cli.core.errors import UserError
 from meds_cli.core.records import Problem, Verdict
 from meds_cli.core.rollouts import Rollouts
@@ -97,8 +98,8 @@ def test_w_reinforce_matches_rlvr_decomposed(case):
     verl/trainer/ppo/core_algos.py compute_psr_nsr_outcome_advantage."""
     ref = REFERENCES["w_reinforce"]
     correct = torch.tensor(ref["correct"]) > 0
-    weight = case["weight"] if case["mode"] == "weighted" else 0.0  # 'negative' = NSR = lambda 0
-    ours = w_reinforce_advantages(correct.float(), correct, weight, 1.0, 0.0)
+    mode = {"weighted": "weighted", "positive": "psr", "negative": "nsr"}[case["mode"]]
+    ours = psr_nsr_advantages(correct.float(), correct, mode, case["weight"] or 0.0, 1.0, 0.0)
     # the reference gives every token of a response its return; token 0 is inside every response
     assert ours.tolist() == pytest.approx([row[0] for row in case["advantages"]], abs=1e-7)
 
@@ -111,6 +112,30 @@ def test_w_reinforce_hook_metrics_and_reward_values():
     assert algo.compute_advantages(r).tolist() == [1.0, -2.0, -2.0, 1.0]
     metrics = algo.step_metrics(r)
     assert metrics["w-reinforce/reweighted"] == 2 and metrics["w-reinforce/penalty_mean"] == -2.0
+
+
+@pytest.mark.parametrize("mode,advantages,kept", [
+    # rewards 1 -1 -1 1 (reward.wrong -1): psr 1 - (-1) = 2 on correct rows, nsr -1 - 1 = -2 on wrong rows
+    ("psr", [2.0, 0.0, 0.0, 2.0], [1.0, 0.0, 0.0, 1.0]),
+    ("nsr", [0.0, -2.0, -2.0, 0.0], [0.0, 1.0, 1.0, 0.0]),
+    ("weighted", [0.2, -2.0, -2.0, 0.2], [1.0, 1.0, 1.0, 1.0]),  # lambda 0.1 * 2
+])
+def test_psr_and_nsr_leave_the_other_rows_out_of_the_loss(mode, advantages, kept):
+    """The reference trainer drops the rows PSR / NSR do not train on (batch.subset): here they leave
+    the loss mask, so token-mean counts only the kept rows' tokens."""
+    algo = build_algorithm(tiny_config("algo.name=w-reinforce", "algo.base=grpo", "reward.wrong=-1",
+                                       f"w-reinforce.mode={mode}"))
+    r = rewarded(algo, batch(graded([("1", True), ("2", False), ("3", False), ("1", True)]), 4))
+    assert algo.compute_advantages(r).tolist() == pytest.approx(advantages)
+    assert algo.loss_mask(r)[:, 0].tolist() == kept and algo.loss_mask(r).shape == r.response_mask.shape
+    assert algo.step_metrics(r)["w-reinforce/trained_rows"] == sum(kept)
+
+
+def test_psr_nsr_presets():
+    from meds_cli.commands.ablate_grid import algorithm_overrides
+
+    assert algorithm_overrides("psr") == {"algo.name": "w-reinforce", "w-reinforce.mode": "psr"}
+    assert algorithm_overrides("nsr") == {"algo.name": "w-reinforce", "w-reinforce.mode": "nsr"}
 
 
 def test_w_reinforce_bad_settings_are_one_line_at_load():
@@ -159,33 +184,148 @@ def test_unlikeliness_hook_on_grpo_reads_the_scoring_pass():
 # ---------------------------------------------------------------- outcome-based exploration
 
 
-def test_outcome_ucb_formulas_by_hand():
-    assert ucb_bonus(1, 0.1) == 0.1 and ucb_bonus(4, 0.1) == pytest.approx(0.05)
-    # group of 4: '3' twice, '5' once, no answer once -> 1/3, 1/3, 0, 0 of the coefficient
-    assert repetition_penalties(["3", "3", "5", None], 0.3) == pytest.approx([0.1, 0.1, 0.0, 0.0])
+def test_outcome_ucb_terms_by_hand():
+    # min(1, sqrt(1/N)): N = 0 (never seen) is capped at 1, N = 4 -> 0.5
+    assert [ucb_bonus(n) for n in (0, 1, 4)] == [1.0, 1.0, 0.5]
+    answers, counts = ["3", "3", "5", None], [4, 4, 1, 0]
+    # ucb: 1/sqrt(4) = 0.5, 0.5, 1/sqrt(1) = 1, no answer 0
+    assert exploration_terms(answers, counts, "ucb", 0.5) == pytest.approx([0.5, 0.5, 1.0, 0.0])
+    # ucb-mean: minus the mean of the other answered responses: 0.5 - (0.5 + 1)/2 = -0.25, 1 - (0.5 + 0.5)/2 = 0.5
+    assert exploration_terms(answers, counts, "ucb-mean", 0.5) == pytest.approx([-0.25, -0.25, 0.5, 0.0])
+    # ucb-con, b0 = 0.5: 0.5 - 0.5 = 0, 1 - 0.5 = 0.5
+    assert exploration_terms(answers, counts, "ucb-con", 0.5) == pytest.approx([0.0, 0.0, 0.5, 0.0])
+    # batch: -(1/n) * (others with the same answer), n = 4: '3' has one other -> -0.25; '5' none -> 0
+    assert exploration_terms(answers, counts, "batch", 0.5) == pytest.approx([-0.25, -0.25, 0.0, 0.0])
 
 
-def test_outcome_ucb_counts_over_steps_and_resumes():
-    algo = build_algorithm(tiny_config("algo.name=outcome-ucb", "algo.base=grpo", "outcome-ucb.ucb_coef=0.2",
-                                       "outcome-ucb.batch_coef=0.3"))
-    verdicts = graded([("3", False), ("3", False), ("5", True), (None, False)])
-    r = rewarded(algo, batch(verdicts, 4))
-    algo.shape_rewards(r)
-    # step 1: N('3') = 2 -> bonus 0.2 / sqrt 2 = 0.141421, N('5') = 1 -> 0.2; penalty 0.3 * 1/3 on each '3'
-    assert r.rewards.tolist() == pytest.approx([0.141421 - 0.1, 0.141421 - 0.1, 1.2, 0.0], abs=1e-6)
-    state = algo.state_dict()
-    again = build_algorithm(tiny_config("algo.name=outcome-ucb", "algo.base=grpo", "outcome-ucb.ucb_coef=0.2",
-                                        "outcome-ucb.batch_coef=0.3"))
-    again.load_state_dict(json.loads(json.dumps(state)))  # the run folder keeps it as JSON-able data
-    r2 = rewarded(again, batch(verdicts, 4))
-    again.shape_rewards(r2)
-    # step 2: N('3') = 4 -> 0.1, N('5') = 2 -> 0.141421
-    assert r2.rewards.tolist() == pytest.approx([0.0, 0.0, 1.141421, 0.0], abs=1e-6)
-    metrics = again.step_metrics(r2)
-    assert metrics["outcome-ucb/distinct_answers_mean"] == 2 and metrics["outcome-ucb/penalty_mean"] == pytest.approx(
-        0.05)
-    with pytest.raises(UserError, match="outcome-ucb.ucb_coef must be at least 0"):
-        tiny_config("algo.name=outcome-ucb", "outcome-ucb.ucb_coef=-1")
+def ucb_algo(*overrides):
+    return build_algorithm(tiny_config("algo.name=outcome-ucb", *overrides))
+
+
+ALL_WRONG = [("3", False), ("3", False), ("3", False), ("7", False)]
+
+
+def test_outcome_ucb_all_wrong_group_the_old_form_cancels_the_coefficient():
+    """Answers [3, 3, 3, 7], all wrong. The old reward-level form (bonus c/sqrt(N) with this batch
+    counted, minus c * (same others)/(G-1), then GRPO's normalisation) gives the same advantages at
+    every c; the paper's form (the bonus added to GRPO's advantage, 0 here) keeps c."""
+    old = []
+    for c in (0.1, 0.2):
+        # rewards 0 + c * [1/sqrt(3) - 2/3] x3, c * [1 - 0]: c * [-0.0893, -0.0893, -0.0893, 1]; mean c * 0.183,
+        # centred c * [-0.2726 x3, 0.8179], unbiased std c * 0.5452 -> [-0.5, -0.5, -0.5, 1.5] whatever c is
+        shaped = torch.tensor([c / math.sqrt(3) - c * 2 / 3] * 3 + [c])
+        old.append(ADV_ESTIMATORS.get("grpo")(shaped, 4, None, tiny_config("algo.name=grpo").section("grpo")))
+    assert old[0].tolist() == pytest.approx([-0.5, -0.5, -0.5, 1.5], abs=1e-4)
+    assert old[1].tolist() == pytest.approx(old[0].tolist(), abs=1e-4)  # only the std's eps (1e-6) tells them apart
+    for c, counts, expected in [
+        # with-batch: N(3) = 3 -> 0.2 / sqrt 3 = 0.11547, N(7) = 1 -> 0.2 (the issue's numbers at c = 0.2)
+        (0.2, "with-batch", [0.11547] * 3 + [0.2]),
+        (0.1, "with-batch", [0.057735] * 3 + [0.1]),
+        # earlier: nothing seen before -> N = 0 for both answers -> the cap, c each
+        (0.2, "earlier", [0.2] * 4),
+    ]:
+        algo = ucb_algo(f"outcome-ucb.coef={c}", f"outcome-ucb.counts={counts}")
+        r = rewarded(algo, batch(graded(ALL_WRONG), 4))
+        algo.shape_rewards(r)
+        assert algo.compute_advantages(r).tolist() == pytest.approx(expected, abs=1e-5), (c, counts)
+
+
+@pytest.mark.parametrize("rule,step1,step2", [
+    # earlier: step 1 sees an empty table (N = 0 -> 0.2 each); step 2 reads step 1's N(3) = 3, N(7) = 1
+    ("earlier", [0.2] * 4, [0.2 / math.sqrt(3)] * 3 + [0.2]),
+    # with-batch: step 1 N(3) = 3, N(7) = 1; step 2 N(3) = 6 -> 0.2/sqrt 6 = 0.08165, N(7) = 2 -> 0.14142
+    ("with-batch", [0.2 / math.sqrt(3)] * 3 + [0.2], [0.2 / math.sqrt(6)] * 3 + [0.2 / math.sqrt(2)]),
+])
+def test_outcome_ucb_counting_rules_over_two_steps_and_a_resume(rule, step1, step2):
+    algo = ucb_algo(f"outcome-ucb.counts={rule}")
+    r = rewarded(algo, batch(graded(ALL_WRONG), 4))
+    assert algo.compute_advantages(r).tolist() == pytest.approx(step1, abs=1e-6)
+    m = algo.step_metrics(r)
+    assert m["outcome-ucb/never_seen_share"] == 1.0 and m["outcome-ucb/distinct_answers_so_far"] == 2
+    assert m["outcome-ucb/bonus_mean"] == pytest.approx(sum(step1) / 4)
+    again = ucb_algo(f"outcome-ucb.counts={rule}")
+    again.load_state_dict(json.loads(json.dumps(algo.state_dict())))  # the checkpoint keeps it as JSON-able data
+    r2 = rewarded(again, batch(graded(ALL_WRONG), 4))
+    assert again.compute_advantages(r2).tolist() == pytest.approx(step2, abs=1e-6)
+    assert again.step_metrics(r2)["outcome-ucb/never_seen_share"] == 0.0
+    assert again.counts == {"p0": {"num:3": 6, "num:7": 2}}  # canonical answer keys
+
+
+def test_outcome_ucb_adds_to_grpo_advantages_in_a_mixed_group():
+    algo = ucb_algo("outcome-ucb.variant=ucb-con", "outcome-ucb.baseline=1", "outcome-ucb.counts=with-batch")
+    r = rewarded(algo, batch(graded([("5", True), ("3", False), ("3", False), (None, False)]), 4))
+    # GRPO: rewards 1 0 0 0, mean 0.25, unbiased std 0.5 -> 1.5, -0.5, -0.5, -0.5
+    # ucb-con b0 = 1: '5' N = 1 -> 1 - 1 = 0; '3' N = 2 -> 0.7071 - 1 = -0.2929, x 0.2 = -0.05858; no answer 0
+    assert algo.compute_advantages(r).tolist() == pytest.approx([1.5, -0.5 - 0.058579, -0.5 - 0.058579, -0.5],
+                                                                abs=1e-5)
+
+
+def test_outcome_ucb_defaults_settings_and_dapo_warning():
+    cfg = tiny_config("algo.name=outcome-ucb")
+    own = cfg.section("outcome-ucb")
+    assert (cfg.algo.base, own.variant, own.coef, own.counts) == ("grpo", "ucb", 0.2, "earlier")
+    assert tiny_config("algo.name=meds").algo.base == "dapo"  # the other shaping methods keep DAPO
+    con = tiny_config("algo.name=outcome-ucb", "outcome-ucb.variant=ucb-con", "outcome-ucb.baseline=1")
+    key = ALGORITHMS.get("outcome-ucb").key_settings  # what `meds ablate` shows beside the arm
+    assert key(con.section("outcome-ucb")) == {"variant": "ucb-con", "coef": 0.2, "baseline": 1.0, "counts": "earlier"}
+    batch_only = tiny_config("algo.name=outcome-ucb", "outcome-ucb.variant=batch").section("outcome-ucb")
+    assert key(batch_only) == {"variant": "batch", "coef": 0.2}  # batch exploration reads no counts
+    with pytest.warns(UserWarning, match="outcome-ucb on dapo: dynamic sampling drops the groups of equal correctness"):
+        ucb_algo("algo.base=dapo")
+    with pytest.raises(UserError, match="outcome-ucb.coef must be at least 0"):
+        tiny_config("algo.name=outcome-ucb", "outcome-ucb.coef=-1")
+    with pytest.raises(UserError, match="outcome-ucb.variant.*accepted: ucb, ucb-mean, ucb-con, batch"):
+        tiny_config("algo.name=outcome-ucb", "outcome-ucb.variant=ucb-max")
+
+
+def _two_process_counts(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        algo = build_algorithm(tiny_config("algo.name=outcome-ucb"),
+                               gather=lambda value: _all_gather(dist, world, value))
+        for step in range(2):
+            groups = TWO_PROCESS_GROUPS[step][rank]
+            r = rewarded(algo, batch(graded(groups[1]), 4))
+            r.problems = [Problem(id=groups[0], question="q", answer="1")]
+            adv = algo.compute_advantages(r)
+            Path(out, f"rank{rank}_step{step}.json").write_text(json.dumps(adv.tolist()))
+        Path(out, f"rank{rank}_counts.json").write_text(json.dumps({k: dict(v) for k, v in algo.counts.items()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _all_gather(dist, world, value):
+    out = [None] * world
+    dist.all_gather_object(out, value)
+    return out
+
+
+# step -> rank -> (question, its group); question 'a' is on rank 0 at step 0 and on rank 1 at step 1
+TWO_PROCESS_GROUPS = [
+    [("a", [("3", False), ("3", False), ("4", True), (None, False)]), ("b", [("9", True)] * 4)],
+    [("b", [("9", True), ("8", False), ("8", False), ("9", True)]), ("a", [("3", False), ("4", True)] * 2)],
+]
+
+
+def test_outcome_ucb_two_processes_count_as_one(tmp_path):
+    """2 gloo processes, each its own question a step, with the questions swapped at step 2: the
+    count tables equal one process's over both groups, and so do the advantages."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_process_counts, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2)
+    one = ucb_algo()
+    for step in range(2):
+        verdicts = [v for _, group in TWO_PROCESS_GROUPS[step] for v in graded(group)]
+        r = rewarded(one, batch(verdicts, 4))
+        r.problems = [Problem(id=q, question="q", answer="1") for q, _ in TWO_PROCESS_GROUPS[step]]
+        alone = one.compute_advantages(r).tolist()
+        both = sum((json.loads((tmp_path / f"rank{k}_step{step}.json").read_text()) for k in range(2)), [])
+        assert both == pytest.approx(alone, abs=1e-7)
+    counts = [json.loads((tmp_path / f"rank{k}_counts.json").read_text()) for k in range(2)]
+    assert counts[0] == counts[1] == {k: dict(v) for k, v in one.counts.items()} == {
+        "a": {"num:3": 4, "num:4": 3}, "b": {"num:9": 6, "num:8": 2}}
 
 
 # ---------------------------------------------------------------- Clip-Cov

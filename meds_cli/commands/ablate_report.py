@@ -119,11 +119,31 @@ def _cell(mean, std, digits: int = 3) -> str:
     return f"{mean:.{digits}f}" + (f"±{std:.{digits}f}" if std is not None else "")
 
 
+def arm_setup(run_dir: Path, overrides: dict) -> str:
+    """What an arm runs, from its config.yaml: the algorithm, the base it sits on when it composes
+    (`outcome-ucb on grpo`), its key settings (the class's `key_settings`) and the variant's own
+    overrides, so that a table shows an arm on GRPO beside one on DAPO."""
+    from algorithms import ALGORITHMS
+    from meds_cli.engine.config import load_config
+
+    if not (run_dir / "config.yaml").is_file():
+        return "-"
+    cfg = load_config([str(run_dir / "config.yaml")])
+    cls = ALGORITHMS.get(cfg.algo.name)
+    own = cls.key_settings(cfg.algorithms[cfg.algo.name])
+    settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
+    settings.update({k: v for k, v in overrides.items() if k not in ("algo.name", "train.seed")})
+    head = f"{cfg.algo.name} on {cfg.algo.base}" if cls.composes else cfg.algo.name
+    return "; ".join([head] + [f"{k}={v}" for k, v in settings.items()])
+
+
 def markdown_table(rows: list[dict], k: int | None) -> str:
-    headers = ["variant", "seeds"] + [h.replace("pass@k", f"pass@{k}" if k else "pass@k") for _, h in METRICS]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+    headers = ["variant", "seeds", "setup"] + [h.replace("pass@k", f"pass@{k}" if k else "pass@k") for _, h in METRICS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---", "---:", "---"] + ["---:"] * (len(headers) - 3))
+             + "|"]
     for row in rows:
-        cells = [row["variant"], str(row["seeds"])] + [_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS]
+        cells = [row["variant"], str(row["seeds"]), row.get("setup", "-")] + [
+            _cell(row[key], row[f"{key}_std"]) for key, _ in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -134,10 +154,12 @@ def rich_table(rows: list[dict], k: int | None, title: str):
     table = Table(title=title, title_justify="left")
     table.add_column("variant", no_wrap=True)
     table.add_column("seeds", justify="right")
+    table.add_column("setup")
     for _, header in METRICS:
         table.add_column(header.replace("pass@k", f"pass@{k}" if k else "pass@k"), justify="right")
     for row in rows:
-        table.add_row(row["variant"], str(row["seeds"]), *(_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS))
+        table.add_row(row["variant"], str(row["seeds"]), row.get("setup", "-"),
+                      *(_cell(row[key], row[f"{key}_std"]) for key, _ in METRICS))
     return table
 
 
@@ -272,6 +294,9 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
 
     results = {v.name: variant_result(folder / v.name, paths[v.name]) for v in variants}
     rows = aggregate(variants, results)
+    setups = {v.group: arm_setup(folder / v.name, v.overrides) for v in variants}
+    for row in rows:
+        row["setup"] = setups[row["variant"]]
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
     comparisons = paired_against_baseline(variants, paths)
     (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +

@@ -202,7 +202,8 @@ class TrainConfig:
 @dataclass
 class AlgoConfig:
     name: str = doc("meds", "algorithm (see `meds list`)")
-    base: str = doc("dapo", "base algorithm under a shaping method (meds, edas)")
+    base: str = doc("", "base algorithm under a shaping method (meds, edas, ...); empty: the method's own default "
+                        "(dapo; grpo for outcome-ucb, as its paper)")
 
 
 @dataclass
@@ -333,8 +334,10 @@ def validate(cfg: RunConfig) -> None:
         walk(getattr(cfg, name), name + ".")
     for name, section in cfg.algorithms.items():
         walk(section, name + ".")
+    chosen = ALGORITHMS.get(cfg.algo.name)
+    cfg.algo.base = cfg.algo.base or chosen.default_base  # written resolved into config.yaml
     check_group_size(cfg)
-    ALGORITHMS.get(cfg.algo.name).check_settings(cfg.algorithms, cfg.algo.base, cfg.rollout.group_size)
+    chosen.check_settings(cfg.algorithms, cfg.algo.base, cfg.rollout.group_size)
     check_engine_settings(cfg)
 
 

@@ -103,7 +103,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     check_distributed_setup(acc, cfg.train.sharding)
     check_batch_divides(cfg, world)
     task = build_task(cfg.task, cfg.train.seed)
-    algorithm = build_algorithm(cfg, task)
+    collectives = Collectives(acc)
+    algorithm = build_algorithm(cfg, task, collectives.gather)  # outcome-ucb merges its counts with it
     reward_functions = load_reward_functions(cfg.reward.functions, cfg.reward.function_weights,
                                              cfg.reward.function_timeout_s)
     seed_everything(cfg.train.seed)
@@ -146,7 +147,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
                            setting=cfg.train.scoring_pass,
                            deterministic_update=not has_active_dropout(unwrapped))
     return TrainerParts(
-        acc=acc, world=world, rank=rank, collectives=Collectives(acc), task=task, algorithm=algorithm,
+        acc=acc, world=world, rank=rank, collectives=collectives, task=task, algorithm=algorithm,
         reward_functions=reward_functions, tokenizer=tokenizer, sampler=sampler, tracker=tracker, policy=policy,
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,

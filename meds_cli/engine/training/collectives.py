@@ -1,5 +1,6 @@
 """The few values the processes of one run agree on: whether any process still wants a round,
-the smallest count every process has, a step's metrics averaged, a count summed. Every process
+the smallest count every process has, a step's metrics averaged, a count summed, the values
+of every process gathered (an algorithm's, through its context). Every process
 makes the same calls in the same order (a collective every process must enter); with one process
 nothing is exchanged. The loop (engine/trainer.py) and the rooms' functions it calls take a
 `Collectives`, not the accelerator; the collectives themselves live in engine/training/sharding.py,
@@ -28,6 +29,14 @@ class Collectives:
 
     def max(self, value: int) -> int:
         return int(global_max(self.acc, value))
+
+    def gather(self, value) -> list:
+        """[value of process 0, value of process 1, ...] (picklable values; one process: [value])."""
+        if self.world == 1:
+            return [value]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, value)  # pickled; on the process's own device under NCCL
+        return out
 
     def mean_of_numbers(self, row: dict) -> dict:
         """`row` with each number except the step averaged over processes (one reduce, keys sorted
