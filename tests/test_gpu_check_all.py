@@ -164,3 +164,14 @@ def test_a_row_past_its_limit_is_stopped_with_its_children(tmp_path):
 
     time.sleep(4)
     assert not marker.exists()
+
+
+def test_a_row_that_fell_back_says_so_in_the_table():
+    """One GPU under train.sharding=fsdp2 trains unsharded (the first H200 run): its row must not read
+    a plain "passed", and the note counts even where rich wrapped it over two lines."""
+    module = runner_module()
+    wrapped = ("note: train.sharding=fsdp2 with one process has nothing to shard; training \n"
+               "unsharded\nrun-5: step 1 -> 2")
+    assert module.passed_outcome(wrapped) == "passed (1 process: not sharded)"
+    assert module.counts_as_passed(module.passed_outcome(wrapped))
+    assert module.passed_outcome("run-1: step 1 -> 2\nsharded over 2 processes") == "passed"
