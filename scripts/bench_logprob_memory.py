@@ -39,14 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------- measuring, inside a child process
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
 
 
-def _reset_peak() -> bool:
+def reset_peak() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -105,12 +105,12 @@ def measure(variant: str, batch: int, length: int, vocab: int, hidden_size: int,
     scoring_and_loss(hidden[:1, :warm].detach().requires_grad_(), tokens[:1, :warm])
     head.zero_grad(set_to_none=True)
     gc.collect()
-    exact = _reset_peak()
-    baseline = _status_kib("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    exact = reset_peak()
+    baseline = status_kib("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     loss, entropy = scoring_and_loss(hidden, tokens)
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = status_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"variant": variant, "tokens": batch * length, "peak_mib": (peak - baseline) / 1024, "seconds": seconds,
             "method": "VmHWM after clear_refs" if exact else "ru_maxrss delta", "loss": float(loss),
             "grad_sum": float(hidden.grad.abs().sum()), "entropy_mean": float(entropy.mean())}

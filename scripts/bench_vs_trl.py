@@ -14,7 +14,10 @@ unless the caller set a policy. Each round starts one fresh process per system a
 times its steps (the first step of a process, with its lazy initialisation, is left out); systems
 alternate within a round, so a busy machine slows them alike. Printed: the median wall and CPU
 seconds per step of each system and the ratio meds / TRL. `--baseline-tree DIR` adds a third system: meds from another
-checkout (for before/after figures in one run).
+checkout (for before/after figures in one run). `--meds-variant NAME:key=value[,key=value]` (repeatable)
+adds meds from this tree with those settings, as "meds NAME" (padded against packed in one run:
+`--meds-variant padded:train.padding_free=false --meds-variant packed:train.padding_free=true`);
+`--no-trl` leaves TRL out, and the ratio columns are then over the first system.
 
 `--precision fp32,bf16` runs every system at each precision, as a user would ask for it: TRL
 with bf16=False (fp32) and with its default bf16=True, meds with train.mixed_precision=no and
@@ -27,6 +30,7 @@ Needs TRL: pip install -e '.[bench]'   (or pip install trl; it leaves torch alon
 
     python scripts/bench_vs_trl.py [--rounds 3] [--steps 3] [--shapes 2x4x32,2x4x128,2x4x512,4x8x48]
                                    [--baseline-tree ../main] [--precision fp32,bf16]
+                                   [--meds-variant NAME:key=value,...] [--no-trl]
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def run_trl(shape, steps: int, precision: str = "fp32") -> list[tuple[float, flo
     return times
 
 
-def run_meds(shape, steps: int, precision: str = "fp32") -> list[tuple[float, float]]:
+def run_meds(shape, steps: int, precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, float]]:
     try:
         from meds_cli.engine.config import RolloutConfig, load_config
         from meds_cli.engine.trainer import Trainer
@@ -131,7 +135,7 @@ def run_meds(shape, steps: int, precision: str = "fp32") -> list[tuple[float, fl
         overrides.append(f"rollout.min_new_tokens={tokens}")
     else:  # an older tree: no stop ids at all makes every response run to the limit
         _drop_stop_ids()
-    cfg = load_config(overrides=overrides)
+    cfg = load_config(overrides=[*overrides, *extra])
     trainer = Trainer(cfg, Path(tempfile.mkdtemp(prefix="bench-meds-")))
     times = []
     for _ in range(steps):
@@ -166,7 +170,7 @@ def _drop_stop_ids():
 
 
 def one_run(system: str, shape: str, steps: int, tree: Path, threads: int,
-            precision: str = "fp32") -> list[tuple[float, float]]:
+            precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, float]]:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     # Every system waits the way meds does by default (spinning threads on a shared machine would
     # slow whichever side loaded torch before meds_cli could ask for passive waiting).
@@ -174,7 +178,7 @@ def one_run(system: str, shape: str, steps: int, tree: Path, threads: int,
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--shape", shape, "--steps", str(steps),
-           "--precision", precision]
+           "--precision", precision, *(f"--set={item}" for item in extra)]
     result = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("STEP-TIMES ")]
     if result.returncode or not lines:
@@ -193,6 +197,10 @@ def main() -> None:
                         help="torch threads in every process (0: each decides); 1 gives steadier CPU times when busy")
     parser.add_argument("--precision", default="fp32",
                         help="comma-separated, of fp32 and bf16: TRL bf16=False / True, meds mixed_precision no / bf16")
+    parser.add_argument("--meds-variant", action="append", default=[],
+                        help="NAME:key=value[,key=value]: meds from this tree with these settings, as 'meds NAME'")
+    parser.add_argument("--no-trl", action="store_true", help="leave TRL out (ratios over the first system)")
+    parser.add_argument("--set", dest="extra", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,39 +209,48 @@ def main() -> None:
     if any(p not in PRECISIONS for p in precisions):
         raise SystemExit(f"--precision {args.precision}: accepted values are {', '.join(PRECISIONS)}, comma-separated")
     if args.worker:
-        run = run_trl if args.worker == "trl" else run_meds
-        print("STEP-TIMES " + json.dumps(run(parse_shape(args.shape), args.steps, precisions[0])), flush=True)
+        shape = parse_shape(args.shape)
+        times = run_trl(shape, args.steps, precisions[0]) if args.worker == "trl" else run_meds(
+            shape, args.steps, precisions[0], tuple(args.extra))
+        print("STEP-TIMES " + json.dumps(times), flush=True)
         return
 
-    tools = {"trl": ROOT, "meds": ROOT}
+    tools = {} if args.no_trl else {"trl": (ROOT, ())}
+    if args.meds_variant:
+        for variant in args.meds_variant:
+            name, _, settings = variant.partition(":")
+            tools[f"meds {name}"] = (ROOT, tuple(item for item in settings.split(",") if item))
+    else:
+        tools["meds"] = (ROOT, ())
     if args.baseline_tree:
-        tools["meds-baseline"] = args.baseline_tree.resolve()
-    # system name -> (tool, tree, precision); one precision keeps the tools' plain names
-    systems = {(tool if len(precisions) == 1 else f"{tool} {p}"): (tool, tree, p)
-               for p in precisions for tool, tree in tools.items()}
+        tools["meds-baseline"] = (args.baseline_tree.resolve(), ())
+    # system name -> (tool, tree, precision, extra settings); one precision keeps the tools' plain names
+    systems = {(tool if len(precisions) == 1 else f"{tool} {p}"): (tool, tree, p, extra)
+               for p in precisions for tool, (tree, extra) in tools.items()}
     shapes = args.shapes.split(",")
     per_step = {(s, shape): [] for s in systems for shape in shapes}
     for round_ in range(args.rounds):
         for shape in shapes:
-            for system, (tool, tree, precision) in systems.items():
+            for system, (tool, tree, precision, extra) in systems.items():
                 worker = "trl" if tool == "trl" else "meds"
-                times = one_run(worker, shape, args.steps, tree, args.threads, precision)[1:]
+                times = one_run(worker, shape, args.steps, tree, args.threads, precision, extra)[1:]
                 per_step[(system, shape)].extend(times)
                 print(f"round {round_ + 1} {shape:>8} {system:>13}: " +
                       ", ".join(f"{w:.1f} s ({c:.1f} CPU)" for w, c in times), flush=True)
 
     print(f"\nmedian seconds per step ({args.rounds} rounds x {args.steps - 1} timed steps; "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    print(f"{'shape':>8} {'system':>13} {'wall s':>8} {'CPU s':>8} {'wall / TRL':>11} {'CPU / TRL':>10}")
+    over = "TRL" if "trl" in tools else "1st"
+    print(f"{'shape':>8} {'system':>13} {'wall s':>8} {'CPU s':>8} {f'wall / {over}':>11} {f'CPU / {over}':>10}")
     wall_of = {key: statistics.median(w for w, _ in times) for key, times in per_step.items()}
     cpu_of = {key: statistics.median(c for _, c in times) for key, times in per_step.items()}
     for shape in shapes:
-        trl = [s for s, (tool, _, _) in systems.items() if tool == "trl"]
+        trl = [s for s, (tool, _, _, _) in systems.items() if tool == "trl"] or [next(iter(systems))]
         trl_wall, trl_cpu = min(wall_of[(s, shape)] for s in trl), min(cpu_of[(s, shape)] for s in trl)
         for system in systems:
             wall, cpu = wall_of[(system, shape)], cpu_of[(system, shape)]
             print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
-    if len(precisions) > 1:
+    if len(precisions) > 1 and "trl" in tools:
         print_fastest(wall_of, systems, tools, shapes)
     for clock, column in (("wall", 0), ("CPU", 1)):  # CPU: steadier where the load changes during the run
         medians = {key: statistics.median(t[column] for t in times) for key, times in per_step.items()}
@@ -248,7 +265,7 @@ def print_fastest(wall_of: dict, systems: dict, tools: dict, shapes: list[str]) 
     for shape in shapes:
         best = {}
         for tool in tools:
-            wall, system = min((wall_of[(s, shape)], s) for s, (t, _, _) in systems.items() if t == tool)
+            wall, system = min((wall_of[(s, shape)], s) for s, (t, _, _, _) in systems.items() if t == tool)
             best[tool] = (wall, systems[system][2])
         cells = " ".join(f"{f'{w:.2f} ({p})':>22}" for w, p in best.values())
         ratios = ", ".join(f"{tool} {best[tool][0] / best['trl'][0]:.2f}" for tool in tools if tool != "trl")

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.batch import sample_responses
 from meds_cli.engine.trainer import Trainer
-from meds_cli.engine.training.micro_batches import row_lengths, token_micro_batches
+from meds_cli.engine.training.micro_batches import plan_micro_batches
 from meds_cli.engine.training.scoring import score_rollouts
 from meds_cli.engine.training.sharding import close_process_group, gathered_parameters, global_max, trainable_state
 from tests.conftest import tiny_config
@@ -75,11 +75,14 @@ def run(out: Path, overrides: list[str], uneven: bool, by_tokens: bool, model_an
     budget = 2 * batch.size if by_tokens else 0  # this process's rows at two tokens each
     if budget:
         trainer.update_settings = dataclasses.replace(trainer.update_settings, micro_batch_tokens=budget)
-        planned = len(token_micro_batches(*row_lengths(batch.attention_mask, batch.prompt_width, batch.response_mask),
-                                          budget))
+    packing = trainer.update_settings.packing
+    if budget:  # this process's own plan, padded or packed as the update plans it
+        planned = len(plan_micro_batches(batch, list(range(batch.size)), size=4, budget=budget, packed=packing.on,
+                                         share_prompts=trainer.share_prompts and packing.masked))
         (out / f"planned{trainer.rank}.txt").write_text(str(planned))
     score_rollouts(model, batch, 4, with_reference=False, micro_batch_tokens=budget,
-                   most_over_processes=lambda count: int(global_max(trainer.acc, count)))
+                   most_over_processes=lambda count: int(global_max(trainer.acc, count)),
+                   share_prompts=trainer.share_prompts, packing=packing)
     batch.verdicts = trainer.task.grade(list(zip([p for p in batch.problems for _ in range(4)], batch.response_texts)))
     batch.reward_components = algo.reward_components(batch)
     batch.rewards = sum(batch.reward_components.values())
@@ -95,6 +98,7 @@ def run(out: Path, overrides: list[str], uneven: bool, by_tokens: bool, model_an
         (out / "ratio.txt").write_text(str(stats["ratio_mean"]))
         (out / "world.txt").write_text(str(trainer.world))
         (out / "sharded.txt").write_text(str(trainer.sharded is not None))
+        (out / "packed.txt").write_text(str(packing.on))
     close_process_group(trainer.acc)
 
 

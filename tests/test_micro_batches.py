@@ -23,6 +23,7 @@ from meds_cli.engine.training.micro_batches import (
     row_lengths,
     token_micro_batches,
 )
+from meds_cli.engine.training.packing import Packing
 from meds_cli.engine.training.scoring import score_rollouts
 from tests.conftest import tiny_config
 from tests.float64 import assert_equal_in_float64, float64_norms
@@ -152,7 +153,8 @@ def update_both_ways(tmp_path, share, extra):
     for budget in (0, 160):
         cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "train.micro_batch_size=2",
                           "algo.name=grpo", "grpo.loss_agg=token-mean", "optim.lr=0.05", "optim.warmup_steps=0",
-                          f"train.share_prompts={share}", f"train.micro_batch_tokens={budget}", *extra)
+                          f"train.share_prompts={share}", f"train.micro_batch_tokens={budget}",
+                          "train.padding_free=false", *extra)  # padded (packed: test_padding_free.py)
         trainer = Trainer(cfg, tmp_path / str(budget))
         model = trainer.unwrapped
         model.double()
@@ -218,7 +220,7 @@ def test_rows_longer_than_the_budget_are_said_once(monkeypatch, capsys):
     monkeypatch.setattr(update, "_warned_over_budget", False)
     _, tokenizer = lora_policy(seed=5)
     batch = varied_batch(tokenizer)
-    settings = SimpleNamespace(micro_batch_tokens=30, micro_batch_size=2)
+    settings = SimpleNamespace(micro_batch_tokens=30, micro_batch_size=2, packing=Packing(), share_prompts=False)
     acc = SimpleNamespace(num_processes=1, is_main_process=True)
     plans = [update.plan_micro_batches(batch, list(range(batch.size)), settings, acc) for _ in range(2)]
     err = capsys.readouterr().err

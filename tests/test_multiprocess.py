@@ -52,14 +52,17 @@ def test_fsdp2_two_processes_match_one(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "fsdp2"])
-def test_micro_batches_by_tokens_line_up_over_processes(tmp_path, sharding):
+@pytest.mark.parametrize("padding_free", ["false", "true"])
+def test_micro_batches_by_tokens_line_up_over_processes(tmp_path, sharding, padding_free):
     """One process with short rows and one with long plan different numbers of micro-batches by
-    tokens; both run as many as the busier one (FSDP2 gathers in each), and the update is the one
-    one process makes with fixed micro-batches."""
+    tokens (padded or packed: train.padding_free); both run as many as the busier one (FSDP2
+    gathers in each), and the update is the one one process makes with fixed, padded micro-batches."""
     # float64: the two sides' micro-batches differ, and float32 rounding, which Adam amplifies where
     # a gradient is tiny, moves weights by ~1e-4 (measured on one process); in float64 by ~1e-13
-    one = launch(1, tmp_path / "one", "--uneven", "--float64")
-    two = launch(2, tmp_path / "two", "--uneven", "--by-tokens", "--float64", f"train.sharding={sharding}")
+    one = launch(1, tmp_path / "one", "--uneven", "--float64", "train.padding_free=false")
+    two = launch(2, tmp_path / "two", "--uneven", "--by-tokens", "--float64", f"train.sharding={sharding}",
+                 f"train.padding_free={padding_free}")
+    assert (tmp_path / "two" / "packed.txt").read_text() == str(padding_free == "true")
     planned = [int((tmp_path / "two" / f"planned{rank}.txt").read_text()) for rank in (0, 1)]
     forwards = [int((tmp_path / "two" / f"forwards{rank}.txt").read_text()) for rank in (0, 1)]
     assert planned[0] == 1 < planned[1]  # the short rows fit one micro-batch, the long ones do not

@@ -30,6 +30,7 @@ from meds_cli.engine.rollout.engines import check_engine_settings
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig
 from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import truncation_of_sampler
+from meds_cli.engine.training.packing import PADDING_FREE_SETTINGS
 from meds_cli.engine.training.precision import MIXED_PRECISION
 from meds_cli.engine.training.scoring import SCORING_SETTINGS
 from meds_cli.engine.training.sharding import SHARDINGS
@@ -177,6 +178,10 @@ class TrainConfig:
     share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once and "
                               "copy its keys and values to the rows of its group (gradients flow back through the "
                               "copies): the same numbers up to rounding; not used with gradient_checkpointing or fsdp2")
+    padding_free: str = choice("auto", PADDING_FREE_SETTINGS, "update and scoring forwards run real tokens only: the "
+                               "rows of a micro-batch laid end to end, position ids restarting per sequence "
+                               "(micro_batch_tokens then counts real tokens); auto: on where the model's attention "
+                               "takes packed rows (sdpa, eager, flex_attention, flash_attention_2/3)")
     scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
                                "own forward gives the same old log-probs; always: run it")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)",
@@ -298,8 +303,10 @@ def build(cls, data: dict | None, prefix: str = ""):
         if dataclasses.is_dataclass(tp):
             kwargs[name] = build(tp, value, key + ".")
             continue
-        value = _coerce(value, tp, key)
         options = fields[name].metadata.get("choices")
+        if options and isinstance(value, bool) and "true" in options:  # a choice spelled true / false
+            value = "true" if value else "false"
+        value = _coerce(value, tp, key)
         if options and value not in options:
             raise UserError(f"config key '{key}' has value {value!r}{nearest(value, options)}; "
                             f"accepted: {', '.join(options)}")

@@ -59,6 +59,7 @@ class Trainer:
         self.forward_needs, self.lens_probe, self.scoring = parts.forward_needs, parts.lens_probe, parts.scoring
         self.sampler_is_full_softmax = parts.sampler_is_full_softmax
         self.precision = parts.precision  # "precision: bf16 (why)", said when training starts
+        self.layout = parts.layout  # "padding-free: on (why)", said beside it
         self.step = 0
         self._stop_requested = False
         self._warned_short_batch = False
@@ -113,6 +114,7 @@ class Trainer:
         """Run to cfg.train.steps; a first Ctrl-C finishes the step, checkpoints and stops."""
         rows = []
         self._say(self.precision)
+        self._say(self.layout)
         previous = signal.getsignal(signal.SIGINT)
         if self.acc.is_main_process and hasattr(signal, "SIGINT"):
             signal.signal(signal.SIGINT, self._request_stop)
@@ -196,7 +198,7 @@ class Trainer:
         t0 = time.perf_counter()
         cfg, algo, model = self.cfg, self.algorithm, self.unwrapped
         model.eval()
-        # only an algorithm that reads the pass watches it (its views are slices at the batch's width)
+        # only an algorithm that reads the pass watches it (its views: consecutive rows at the batch's width)
         observe = (lambda view: algo.observe_forward(batch, view)) if self.forward_needs.view else None
         with self.acc.autocast():  # the precision of the update's forward, so that an unchanged policy has ratio 1
             score_rollouts(model, batch, cfg.train.micro_batch_size, with_reference=algo.uses_reference,
@@ -207,7 +209,8 @@ class Trainer:
                            disable_adapter=self.reference,
                            tokenizer=self.tokenizer, share_prompts=self.share_prompts,
                            micro_batch_tokens=cfg.train.micro_batch_tokens,
-                           most_over_processes=self.collectives.max)  # every process runs as many forwards
+                           most_over_processes=self.collectives.max,  # every process runs as many forwards
+                           packing=self.update_settings.packing)
         timing["time_score_s"] += time.perf_counter() - t0
 
     def _warn_if_short(self, info: dict) -> None:

@@ -26,6 +26,7 @@ from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.engine.training.collectives import Collectives
 from meds_cli.engine.training.importance import truncation_of_sampler
+from meds_cli.engine.training.packing import Packing, attention_implementation, padding_free_line
 from meds_cli.engine.training.precision import choose_mixed_precision, precision_line
 from meds_cli.engine.training.scoring import has_active_dropout, scoring_pass, shares_prompts
 from meds_cli.engine.training.seeding import seed_everything
@@ -95,6 +96,7 @@ class TrainerParts:
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
     precision: str  # the line saying which precision the run computes in and why
+    layout: str  # the line saying whether forwards run padding-free, and how prompts are shared
 
 
 def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) -> TrainerParts:
@@ -116,9 +118,10 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     sampler = PromptSampler(len(task.train), cfg.train.seed)
     tracker = RunTracker(acc)
     model = apply_lora(model, cfg.model.lora)
+    packing = Packing.for_model(model, cfg.train.padding_free)  # micro-batches without padding
     policy = prepare_policy(acc, model, cfg.train, cfg.optim, lambda text: say(acc, text))
-    share_prompts = shares_prompts(cfg.train, policy.sharded)  # forwards run each prompt once
-    update_settings = UpdateSettings.from_config(cfg, world, share_prompts)
+    share_prompts = shares_prompts(cfg.train, policy.sharded, packing)  # forwards run each prompt once
+    update_settings = UpdateSettings.from_config(cfg, world, share_prompts, packing)
     # Not prepared: Accelerate's scheduler wrapper steps once per process, which would make
     # the schedule depend on the number of processes.
     optim = cfg.optim
@@ -153,4 +156,6 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
         forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
         sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
-        precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)))
+        precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)),
+        layout=padding_free_line(packing, cfg.train.padding_free, attention_implementation(unwrapped),
+                                 cfg.train.share_prompts))

@@ -41,6 +41,14 @@ def row_lengths(attention_mask: torch.Tensor, prompt_width: int, response_mask: 
     return prompt_lengths.tolist(), response_lengths.tolist()
 
 
+def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> list[int]:
+    """Per row, a number equal for rows with the same prompt (ids and mask)."""
+    if prompt_width == 0:
+        return list(range(input_ids.shape[0]))
+    prompt = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], dim=1)
+    return torch.unique(prompt, dim=0, return_inverse=True)[1].tolist()
+
+
 def token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[MicroBatch]:
     """Positions 0..n-1 grouped so that each group costs at most `budget` tokens, a group costing
     its rows x (its longest prompt + its longest response), as it runs padded. Rows go longest
@@ -117,6 +125,30 @@ def least_padded_cuts(prompts: list[int], responses: list[int], budget: int) -> 
     return cuts[::-1]
 
 
+def real_token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], prompt_keys: list[int] | None,
+                             budget: int) -> list[MicroBatch]:
+    """Positions 0..n-1 in runs of their order, each filled while its real tokens fit in `budget`
+    (padding-free micro-batches: engine/training/packing.py): a row's prompt and response, a prompt
+    counted once for the rows of a run that share it (`prompt_keys` equal; None: none share). The
+    order keeps a group's rows together, so they share their prompt; a row longer than the budget
+    runs alone. Filling runs in order makes as few as any cut of the order into runs can."""
+    out: list[MicroBatch] = []
+    run: list[int] = []
+    seen: set = set()
+    tokens = 0
+    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        key = prompt_keys[i] if prompt_keys is not None else None
+        cost = r + (0 if key is not None and key in seen else p)
+        if run and tokens + cost > budget:
+            out.append(MicroBatch(tuple(run)))
+            run, seen, tokens = [], set(), 0
+            cost = p + r
+        run.append(i)
+        seen.add(key)
+        tokens += cost
+    return out + [MicroBatch(tuple(run))] if run else out
+
+
 def over_budget(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[int]:
     """The positions whose row alone is longer than `budget` tokens."""
     return [i for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)) if p + r > budget]
@@ -124,20 +156,26 @@ def over_budget(prompt_lengths: list[int], response_lengths: list[int], budget: 
 
 def plan_micro_batches(rollouts, rows: list[int], *, size: int, budget: int,
                        most_over_processes: Callable[[int], int] = lambda count: count,
-                       on_over_budget: Callable[[int, int], None] | None = None) -> list[MicroBatch]:
+                       on_over_budget: Callable[[int, int], None] | None = None, packed: bool = False,
+                       share_prompts: bool = False) -> list[MicroBatch]:
     """The micro-batches of `rows` of `rollouts` (the update's mini-batch, the scoring pass's batch):
-    `size` rows at a time with `budget` 0, else by tokens within `budget`, as many as
+    `size` rows at a time with `budget` 0, else by tokens within `budget` (`packed`: real tokens,
+    prompts shared by `share_prompts` counted once; else as the rows run padded), as many as
     `most_over_processes` says the busiest process runs. `on_over_budget(rows, longest)` is told
     how many rows are alone longer than the budget, and the longest's tokens."""
     if not budget:
         return fixed_micro_batches(rows, size)
-    prompt_lengths, response_lengths = row_lengths(rollouts.attention_mask[rows], rollouts.prompt_width,
-                                                   rollouts.response_mask[rows])
+    attention = rollouts.attention_mask[rows]
+    prompt_lengths, response_lengths = row_lengths(attention, rollouts.prompt_width, rollouts.response_mask[rows])
     longer = over_budget(prompt_lengths, response_lengths, budget)
     if longer and on_over_budget is not None:
         on_over_budget(len(longer), max(prompt_lengths[i] + response_lengths[i] for i in longer))
-    planned = [MicroBatch(tuple(rows[i] for i in m.rows))
-               for m in token_micro_batches(prompt_lengths, response_lengths, budget)]
+    if packed:
+        keys = prompt_keys(rollouts.input_ids[rows], attention, rollouts.prompt_width) if share_prompts else None
+        grouped = real_token_micro_batches(prompt_lengths, response_lengths, keys, budget)
+    else:
+        grouped = token_micro_batches(prompt_lengths, response_lengths, budget)
+    planned = [MicroBatch(tuple(rows[i] for i in m.rows)) for m in grouped]
     return even_out(planned, most_over_processes(len(planned)))
 
 

@@ -27,6 +27,15 @@ from meds_cli.core.forward import (
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training.logprobs import DEFAULT_CHUNK_TOKENS, token_logprobs_and_entropy
 from meds_cli.engine.training.micro_batches import micro_batch_inputs, plan_micro_batches, to_width
+from meds_cli.engine.training.packing import (
+    PADDED,
+    Packing,
+    gather_packed,
+    mask_dtype_for,
+    pack_rows,
+    packed_inputs,
+    scatter_scored,
+)
 
 SCORING_SETTINGS = ["auto", "always"]
 
@@ -65,10 +74,14 @@ def has_active_dropout(model) -> bool:
     return float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
 
 
-def shares_prompts(train_cfg, sharded) -> bool:
-    """Whether forwards run each distinct prompt once (`train.share_prompts`). Not under gradient
-    checkpointing, where transformers turns the KV cache off in training, nor under FSDP2, where
-    the two calls per micro-batch it makes are untested."""
+def shares_prompts(train_cfg, sharded, packing: Packing = PADDED) -> bool:
+    """Whether forwards run each distinct prompt once (`train.share_prompts`). Packed, where the
+    attention takes a prefix-sharing mask (one call per forward: works under gradient
+    checkpointing and FSDP2), and not where it does not (each response carries its prompt).
+    Padded, not under gradient checkpointing, where transformers turns the KV cache off in
+    training, nor under FSDP2, where the two calls per micro-batch it makes are untested."""
+    if packing.on:
+        return train_cfg.share_prompts and packing.masked
     return train_cfg.share_prompts and not train_cfg.gradient_checkpointing and sharded is None
 
 
@@ -84,15 +97,27 @@ def logit_function(model) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def policy_forward(model, input_ids, attention_mask, prompt_width: int, response_ids, *, temperature: float,
                    response_mask=None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_states: bool = False,
-                   with_entropy: bool = True, share_prompts: bool = False, entropy_grad: bool = False):
+                   with_entropy: bool = True, share_prompts: bool = False, entropy_grad: bool = False,
+                   packing: Packing = PADDED, keep_states: bool = True):
     """One forward of the policy: (log p of the response tokens [b, R], entropy [b, R] or None,
-    all hidden states or None, the final hidden states at the positions predicting the response
-    [b, R, H]). Positions where response_mask is 0 come back as 0.
+    all hidden states [b, Lp + R, H] each or None, the final hidden states at the positions
+    predicting the response [b, R, H], or None from a packed forward without `keep_states`).
+    Positions where response_mask is 0 come back as 0.
 
-    `share_prompts`: rows with the same prompt (the G responses of a group) run that prompt once
-    and read its keys and values from a cache copied to each row, gradients included (they flow
-    back through the copies), instead of running it G times; the same numbers up to rounding. Not
-    with `hidden_states` (those are asked over the whole sequence) or a cache-less model."""
+    `packing.on`: the rows laid end to end without padding (engine/training/packing.py), the
+    values gathered back to the padded layout (zeros at its padding).
+    `share_prompts`: rows with the same prompt (the G responses of a group) run that prompt once:
+    packed, under a prefix-sharing mask (where the attention takes one); padded, by reading its
+    keys and values from a cache copied to each row, gradients included (they flow back through
+    the copies), instead of running it G times; the same numbers up to rounding. Not padded with
+    `hidden_states` (those are asked over the whole sequence) or a cache-less model."""
+    if packing.on:
+        response_mask = torch.ones_like(response_ids) if response_mask is None else response_mask
+        return _packed_forward(model, input_ids, attention_mask, prompt_width, response_ids, response_mask,
+                               share_prompts=share_prompts and packing.masked, packing=packing,
+                               hidden_states=hidden_states, keep_states=keep_states,
+                               stats=dict(temperature=temperature, chunk_tokens=chunk_tokens,
+                                          with_entropy=with_entropy, entropy_grad=entropy_grad))
     width = response_ids.shape[1]
     last = None
     if share_prompts and not hidden_states:
@@ -108,6 +133,24 @@ def policy_forward(model, input_ids, attention_mask, prompt_width: int, response
                                                mask=response_mask, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
                                                entropy_grad=entropy_grad)
     return logp, entropy, (out.hidden_states if hidden_states else None), last
+
+
+def _packed_forward(model, input_ids, attention_mask, prompt_width, response_ids, response_mask, *, share_prompts,
+                    packing: Packing, hidden_states: bool, keep_states: bool, stats: dict):
+    """policy_forward on packed rows: the scored positions' final states gathered from the packed
+    rows ([1, n, H]: every scored token of the micro-batch, no padding), their log-probs and
+    entropies scattered back to [b, R]; the views' hidden states gathered per sequence."""
+    device = input_ids.device
+    packed = pack_rows(input_ids.cpu(), attention_mask.cpu(), prompt_width, response_ids.cpu(), response_mask.cpu(),
+                       share_prompts=share_prompts, one_row=packing.one_row, mask_dtype=mask_dtype_for(model))
+    out, last = _final_states(model, output_hidden_states=hidden_states, **packed_inputs(packed, device))
+    scored = gather_packed(last, packed.score_from)  # [n, H]
+    logp, entropy = token_logprobs_and_entropy(scored.unsqueeze(0), logit_function(model),
+                                               packed.tokens.to(device).unsqueeze(0), **stats)
+    logp = scatter_scored(logp[0], packed)
+    entropy = scatter_scored(entropy[0], packed) if entropy is not None else None
+    states = tuple(gather_packed(h, packed.layout) for h in out.hidden_states) if hidden_states else None
+    return logp, entropy, states, (scatter_scored(scored, packed) if keep_states else None)
 
 
 def _final_states(model, *, output_hidden_states: bool, **inputs):
@@ -159,38 +202,43 @@ def score_rollouts(model, rollouts: Rollouts, micro_batch_size: int, *, with_ref
                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, wants_hidden_states: bool = False,
                    observe: Callable[[ForwardView], None] | None = None, disable_adapter=None, tokenizer=None,
                    share_prompts: bool = False, micro_batch_tokens: int = 0,
-                   most_over_processes: Callable[[int], int] = lambda count: count) -> None:
+                   most_over_processes: Callable[[int], int] = lambda count: count,
+                   packing: Packing = PADDED) -> None:
     """Fill old_logp, entropy (and ref_logp) in micro-batches; hand each micro-batch's view to `observe`.
     `micro_batch_tokens`: micro-batches by tokens (engine/training/micro_batches.py), as many as
-    `most_over_processes` says the busiest process runs; not with `observe`, whose views are
-    slices of the batch at its width."""
+    `most_over_processes` says the busiest process runs. Views are of consecutive rows at the
+    batch's width: packed (`packing.on`), micro-batches by real tokens are runs of the batch's
+    order and the views are gathered from the packed rows; padded, an observed pass keeps fixed
+    micro-batches (a cut would change the width)."""
     size, width = rollouts.size, rollouts.response_ids.shape[1]
-    cut = micro_batch_tokens > 0 and observe is None
+    by_tokens = micro_batch_tokens > 0 and (observe is None or packing.on)
     batches = plan_micro_batches(rollouts, list(range(size)), size=micro_batch_size,
-                                 budget=micro_batch_tokens if cut else 0, most_over_processes=most_over_processes)
+                                 budget=micro_batch_tokens if by_tokens else 0, most_over_processes=most_over_processes,
+                                 packed=packing.on, share_prompts=share_prompts and packing.masked)
     old, ent, ref = {}, {}, {}
     device = next(model.parameters()).device
     logits_of = logit_function(model)
+    forward = dict(temperature=temperature, chunk_tokens=chunk_tokens, share_prompts=share_prompts, packing=packing)
     for batch in batches:
         rows = list(batch.rows)
-        ids, mask, prompt_width, tokens, response_mask = (t.to(device) if isinstance(t, torch.Tensor) else t
-                                                          for t in micro_batch_inputs(rollouts, rows, cut))
+        ids, mask, prompt_width, tokens, response_mask = (
+            t.to(device) if isinstance(t, torch.Tensor) else t
+            for t in micro_batch_inputs(rollouts, rows, by_tokens and not packing.on))
         logp, entropy, hidden, last = policy_forward(model, ids, mask, prompt_width, tokens,
-                                                     temperature=temperature, response_mask=response_mask,
-                                                     chunk_tokens=chunk_tokens, hidden_states=wants_hidden_states,
-                                                     share_prompts=share_prompts)
+                                                     response_mask=response_mask, hidden_states=wants_hidden_states,
+                                                     keep_states=observe is not None, **forward)
         if batch.counts:
             old[batch.rows], ent[batch.rows] = logp.cpu(), entropy.cpu()
-        if observe is not None:  # fixed micro-batches: consecutive rows
+        if observe is not None and batch.counts:
+            if rows != list(range(rows[0], rows[-1] + 1)):
+                raise RuntimeError(f"a viewed micro-batch of rows {rows} is not a run of consecutive rows")
             observe(ForwardView(rows=slice(rows[0], rows[-1] + 1), hidden_states=hidden, model=model,
                                 tokenizer=tokenizer, device=device,
                                 make_logits=lambda last=last: full_precision(logits_of(last))))
         if with_reference:
             with disable_adapter():
-                ref_logp, _, _, _ = policy_forward(model, ids, mask, prompt_width, tokens,
-                                                   temperature=temperature, response_mask=response_mask,
-                                                   chunk_tokens=chunk_tokens, with_entropy=False,
-                                                   share_prompts=share_prompts)
+                ref_logp, _, _, _ = policy_forward(model, ids, mask, prompt_width, tokens, response_mask=response_mask,
+                                                   with_entropy=False, keep_states=False, **forward)
             if batch.counts:
                 ref[batch.rows] = ref_logp.cpu()
     rollouts.old_logp = _in_row_order(old, size, width)

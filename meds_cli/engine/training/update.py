@@ -25,6 +25,7 @@ from meds_cli.engine.training import micro_batches, sharding
 from meds_cli.engine.training.importance import is_correction_weights
 from meds_cli.engine.training.metrics import mean_of
 from meds_cli.engine.training.micro_batches import MicroBatch, micro_batch_inputs, to_width
+from meds_cli.engine.training.packing import PADDED, Packing
 from meds_cli.engine.training.precision import low_precision_training_warning
 from meds_cli.engine.training.scoring import policy_forward, scoring_temperature
 
@@ -56,15 +57,16 @@ class UpdateSettings:
     norm_length: int  # the length a fixed-length loss aggregation divides by
     share_prompts: bool
     micro_batch_tokens: int = 0  # 0: micro_batch_size rows at the batch's width (engine/training/micro_batches.py)
+    packing: Packing = PADDED  # padding-free micro-batches (engine/training/packing.py)
 
     @classmethod
-    def from_config(cls, cfg, world: int, share_prompts: bool) -> UpdateSettings:
+    def from_config(cls, cfg, world: int, share_prompts: bool, packing: Packing = PADDED) -> UpdateSettings:
         mini = cfg.train.mini_batch_size // world if cfg.train.mini_batch_size else None
         return cls(ppo_epochs=cfg.train.ppo_epochs, mini_batch_size=mini, micro_batch_size=cfg.train.micro_batch_size,
                    temperature=scoring_temperature(cfg.rollout.temperature),
                    chunk_tokens=cfg.train.logprob_chunk_tokens, is_correction=cfg.rollout.is_correction,
                    tis_cap=cfg.rollout.tis_cap, grad_clip=cfg.optim.grad_clip, norm_length=cfg.rollout.max_new_tokens,
-                   share_prompts=share_prompts, micro_batch_tokens=cfg.train.micro_batch_tokens)
+                   share_prompts=share_prompts, micro_batch_tokens=cfg.train.micro_batch_tokens, packing=packing)
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -168,9 +170,11 @@ _warned_over_budget = False
 
 def plan_micro_batches(batch: Rollouts, rows: list[int], settings: UpdateSettings, acc) -> list[MicroBatch]:
     """The micro-batches of mini-batch `rows`: micro_batch_size rows at a time, or by tokens
-    (micro_batch_tokens), as many on every process as on the one that needs the most."""
+    (micro_batch_tokens: real tokens when packed), as many on every process as on the one that
+    needs the most."""
     return micro_batches.plan_micro_batches(batch, rows, size=settings.micro_batch_size,
-                                            budget=settings.micro_batch_tokens,
+                                            budget=settings.micro_batch_tokens, packed=settings.packing.on,
+                                            share_prompts=settings.share_prompts and settings.packing.masked,
                                             most_over_processes=lambda count: int(sharding.global_max(acc, count)),
                                             on_over_budget=lambda count, longest: _warn_over_budget(
                                                 count, longest, settings.micro_batch_tokens, acc))
@@ -191,14 +195,15 @@ def micro_batch_loss(model, algo, batch: Rollouts, chunk: list[int], mask: torch
     detached, become the batch's old log-probs and its entropy the batch's entropy."""
     device = acc.device
     bonus = algo.entropy_coef > 0  # the entropy bonus needs the entropy with its gradient
-    ids, attention, prompt_width, tokens, response_mask = micro_batch_inputs(batch, chunk,
-                                                                             cut=settings.micro_batch_tokens > 0)
+    packing = settings.packing  # packed rows carry no padding: nothing to cut
+    ids, attention, prompt_width, tokens, response_mask = micro_batch_inputs(
+        batch, chunk, cut=settings.micro_batch_tokens > 0 and not packing.on)
     with acc.autocast():
         logp, entropy, _, _ = policy_forward(
             model, ids.to(device), attention.to(device), prompt_width, tokens.to(device),
             temperature=settings.temperature, response_mask=response_mask.to(device),
             chunk_tokens=settings.chunk_tokens, with_entropy=own_old, share_prompts=settings.share_prompts,
-            entropy_grad=bonus)
+            entropy_grad=bonus, packing=packing, keep_states=False)
     width = batch.response_ids.shape[1]  # a cut micro-batch's values, padded back to the batch's width
     logp = to_width(logp, width)
     entropy = to_width(entropy, width) if entropy is not None else None
