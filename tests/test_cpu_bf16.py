@@ -95,7 +95,10 @@ def _mismatch(batch) -> float:
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
 def test_a_bf16_step_keeps_float32_weights_and_optimizer_state(tmp_path, monkeypatch):
-    cfg = tiny_config(*SMALL, "train.mixed_precision=bf16", "train.scoring_pass=always", "rollout.is_correction=tis")
+    # padded scoring: the sampler's decode is padded too, so both sum the same products in the same order;
+    # packed rows change the kernels' shapes, and bf16 rounding then differs by ~2e-3 (measured)
+    cfg = tiny_config(*SMALL, "train.mixed_precision=bf16", "train.scoring_pass=always", "rollout.is_correction=tis",
+                      "train.padding_free=false")
     trainer = Trainer(cfg, tmp_path)
     assert trainer.precision == "precision: bf16 (train.mixed_precision: bf16)"  # said when training starts
     plans, plan = [], DecoderStep.plan.__func__
