@@ -124,7 +124,3 @@ def array_script(plan, settings: SlurmSettings) -> str:
     tasks = [make_task(plan.folder / v.name) for v in plan.variants]
     return render_array_script(tasks, plan.folder, settings, Path.cwd())
 
-
-def show_script(plan, settings: SlurmSettings) -> None:
-    """--dry-run --launcher slurm: the sbatch script of the grid's tasks, on stdout; nothing written."""
-    print(array_script(plan, settings), end="")
