@@ -12,13 +12,14 @@ problem of both arms has samples for.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import paired_stats
 from benchmarks.passk import pass_at_k
 from meds_cli.core.errors import UserError
+from meds_cli.core.jsonl import read_rows
+from meds_cli.core.read_back import read_json, require
 
 SAMPLES_FILE = "samples.jsonl"
 DELTAS_FILE = "problem_deltas.csv"
@@ -31,26 +32,35 @@ class Arm:
     evals: list[Path]  # one results.json per seed
 
 
-def problem_counts(results_file: Path) -> dict[str, dict[str, tuple[int, int]]]:
+def problem_counts(results_file: Path, skipped: list[str] | None = None) -> dict[str, dict[str, tuple[int, int]]]:
     """{benchmark: {problem id: (samples, correct)}} of one eval, from the samples.jsonl beside its
-    results.json (the first n samples of each problem, n as the eval's config says)."""
+    results.json (the first n samples of each problem, n as the eval's config says). A row that
+    is not a sample, or a sample id (benchmark, problem, sample) seen twice (two evals wrote the
+    folder at once), is one line; a cut-off last line (a killed eval) is skipped and said in `skipped`."""
     results_file = Path(results_file)
     samples = results_file.parent / SAMPLES_FILE
     if not samples.is_file():
         raise UserError(f"'{results_file.parent}' has no {SAMPLES_FILE}: a paired comparison needs each eval's "
                         "samples, not only its scores")
-    n = (json.loads(results_file.read_text()).get("config") or {}).get("n")
+    config = read_json(results_file).get("config")
+    n = config.get("n") if isinstance(config, dict) else None
+    require(n is None or (isinstance(n, int) and not isinstance(n, bool) and n > 0), results_file,
+            f"has config.n = {n!r}, not a positive integer")
     tally: dict[str, dict[str, list[int]]] = {}
-    with samples.open() as lines:
-        for line in lines:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if n is not None and row["sample"] >= n:
-                continue
-            counts = tally.setdefault(row["benchmark"], {}).setdefault(row["problem_id"], [0, 0])
-            counts[0] += 1
-            counts[1] += bool(row["correct"])
+    seen = set()
+    for line, row in enumerate(read_rows(samples, skipped if skipped is not None else []), start=1):
+        key = (row.get("benchmark"), row.get("problem_id"), row.get("sample"))
+        require(isinstance(key[0], str) and isinstance(key[1], (str, int)) and isinstance(key[2], int)
+                and not isinstance(key[2], bool) and key[2] >= 0 and isinstance(row.get("correct"), bool),
+                samples, f"row {line} is not a sample (benchmark, problem_id, sample and a boolean correct)")
+        require(key not in seen, samples, f"row {line} repeats sample {key[2]} of problem {key[1]!r} of {key[0]} "
+                "(two evals wrote this folder at once?): its scores would count it twice")
+        seen.add(key)
+        if n is not None and row["sample"] >= n:
+            continue
+        counts = tally.setdefault(row["benchmark"], {}).setdefault(str(row["problem_id"]), [0, 0])
+        counts[0] += 1
+        counts[1] += row["correct"]
     return {bench: {pid: (c[0], c[1]) for pid, c in problems.items()} for bench, problems in tally.items()}
 
 

@@ -32,6 +32,14 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def options_given(context: typer.Context, exclude: str) -> list[str]:
+    """The options of the running command given on its command line (not left at their default),
+    but `exclude`; for a mode that takes no others (meds ablate --collect)."""
+    return [param.opts[0] for param in context.command.params
+            if param.name != exclude and param.opts
+            and getattr(context.get_parameter_source(param.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT")]
+
+
 def _one_line_errors(command, doing: str, then: str = ""):
     """`command` (same signature, for Typer) ending every failure a user can cause in one red line:
     a UserError; a full disk, read-only place or file in the way (an OSError, or a library's error
@@ -243,6 +251,7 @@ def cluster_inspect_cmd(
 @command("ablate", doing="write the ablation folder",
          then="then run the same command with the same --output: it continues where it stopped")
 def ablate(
+    ctx: typer.Context,
     config: Annotated[Optional[list[Path]], typer.Option(
         "--config", "-c", help="Base YAML config; repeatable, later files win.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option(
@@ -306,11 +315,15 @@ def ablate(
     from benchmarks.harness import EvalSettings
     from meds_cli.commands.ablate import collect_report, make_plan, run_ablation
     from meds_cli.commands.ablate import dry_run as show_plan
-    from meds_cli.commands.ablate_launch import LaunchOptions, show_script, with_grid_settings
+    from meds_cli.commands.ablate_launch import LaunchOptions, array_script, with_grid_settings
     from meds_cli.commands.eval import HELDOUT
     from meds_cli.engine.launchers.slurm_settings import SlurmSettings
 
     if collect is not None:
+        given = options_given(ctx, exclude="collect")
+        if given:
+            raise UserError(f"--collect DIR writes the report of DIR as its tasks.json says; it takes no other option "
+                            f"({', '.join(given)} given): drop them, or rerun the grid's own command to change it")
         collect_report(collect, err)
         return
     launch = LaunchOptions(launcher, jobs, SlurmSettings(
@@ -323,9 +336,9 @@ def ablate(
                      layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output, algos=algos,
                      baseline_name=baseline)
     if dry_run:
+        script = array_script(plan, launch.slurm) if launcher == "slurm" else ""  # checked before the plan prints
         show_plan(plan, err, probe=estimate)
-        if launcher == "slurm":
-            show_script(plan, launch.slurm)
+        print(script, end="")
         return
     names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     # each variant is evaluated at its own response length, with the prompt style it trained with

@@ -83,7 +83,7 @@ def test_bad_input_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="meds.layers 'middle'"):
         make_plan(config_files=[], sets=TINY_SETS + ["algo.name=meds"], grid_file=None, features=None, clusterer=None,
                   layers="middle", seeds=None, steps=1, baseline=False, output=None)
-    with pytest.raises(UserError, match="seeds must be integers"):
+    with pytest.raises(UserError, match="seed .one. is not an integer"):
         plan(seeds="0,one")
     grid = tmp_path / "g.yaml"
     grid.write_text("axis:\n  meds.features: [logits]\n")

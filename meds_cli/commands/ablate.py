@@ -38,6 +38,8 @@ from pathlib import Path
 from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
+from meds_cli.core.names import safe_component
+from meds_cli.core.read_back import read_json, require
 from meds_cli.engine.config import load_config, read_yaml
 
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
@@ -77,11 +79,22 @@ def split_list(text: str | None, flag: str) -> list[str]:
     return values
 
 
-def parse_seeds(values) -> list[int]:
-    try:
-        return [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise UserError(f"seeds must be integers, got {values!r}") from None
+def parse_seeds(values, where: str = "--seeds") -> list[int]:
+    """Seeds as integers: a number written as text (from --seeds) or a YAML integer; a float, a
+    boolean or a repeated seed is refused (it would run one seed twice and show it as two)."""
+    if not isinstance(values, list):
+        raise UserError(f"{where}: give a list of integer seeds, e.g. [0, 1, 2]; got {values!r}")
+    seeds = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+                (isinstance(value, str) and not re.fullmatch(r"\s*-?\d+\s*", value)):
+            raise UserError(f"{where}: seed {value!r} is not an integer; give integer seeds, e.g. 0,1,2")
+        seeds.append(int(value))
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise UserError(f"{where} names seed {repeated[0]} twice; give each seed once (a repeated seed is the same "
+                        "run, and would count as two in the mean and std)")
+    return seeds
 
 
 def read_grid(path: Path) -> Grid:
@@ -104,7 +117,7 @@ def read_grid(path: Path) -> Grid:
     files = [files] if isinstance(files, str) else files
     sets = data.get("set") or []
     baseline = data.get("baseline", True)
-    return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or []),
+    return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
                 baseline=bool(baseline), config=[str(path.parent / f) for f in files],
                 set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)],
                 algos=read_algos(data["algos"], f"grid '{path}'") if data.get("algos") is not None else [],
@@ -136,9 +149,32 @@ def slug(value) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "", text.replace("_", "-")) or "x"
 
 
-def expand(grid: Grid, baseline_algo: str | None) -> list[Variant]:
+def folder_names(groups: list[tuple[str, dict]], notes: list[str]) -> list[tuple[str, dict]]:
+    """The groups with their names made safe folder names (core/names.safe_component: one path
+    component, never '..' or '/'), unique in the grid; what had to change is said in `notes`."""
+    names = [n for n, _ in groups]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise UserError(f"two variants are both named '{duplicated[0]}'; give the grid's variants distinct names")
+    taken, safe = set(), []
+    for name, overrides in groups:
+        folder = base = safe_component(name)
+        number = 1
+        while folder in taken:
+            number += 1
+            folder = f"{base}-{number}"
+        taken.add(folder)
+        if folder != name:
+            notes.append(f"variant {name!r} runs in the folder '{folder}' (a folder name is letters, digits, "
+                         "'.', '-' and '_', unique in the grid)")
+        safe.append((folder, overrides))
+    return safe
+
+
+def expand(grid: Grid, baseline_algo: str | None, notes: list[str] | None = None) -> list[Variant]:
     """All variants: the algorithms (baseline first) when the grid names any, the axes' product and
-    the named variants (MEDS), else MEDS as configured and the baseline; times the seeds."""
+    the named variants (MEDS), else MEDS as configured and the baseline; times the seeds. Names
+    changed to make safe folder names are said in `notes`."""
     meds = []
     if grid.axes:
         keys = list(grid.axes)
@@ -151,10 +187,7 @@ def expand(grid: Grid, baseline_algo: str | None) -> list[Variant]:
     else:
         meds = meds or [("meds", {"algo.name": "meds"})]
         groups = meds + ([(f"baseline-{baseline_algo}", {"algo.name": baseline_algo})] if baseline_algo else [])
-    names = [n for n, _ in groups]
-    duplicated = sorted({n for n in names if names.count(n) > 1})
-    if duplicated:
-        raise UserError(f"two variants are both named '{duplicated[0]}'; give the grid's variants distinct names")
+    groups = folder_names(groups, notes if notes is not None else [])
     if not grid.seeds:
         return [Variant(name, name, overrides) for name, overrides in groups]
     return [Variant(f"{name}_seed-{s}", name, {**overrides, "train.seed": s}, s) for name, overrides in groups
@@ -176,6 +209,7 @@ class Plan:
     base_sets: list[str]
     variants: list[Variant]
     steps: int
+    notes: list[str] = field(default_factory=list)  # folder names that had to change (folder_names)
 
 
 def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output,
@@ -186,44 +220,77 @@ def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, see
     files = [*grid.config, *map(str, config_files)]
     base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_config(files, base_sets + ["algo.name=meds"])
-    variants = expand(grid, base.algo.base if baseline and grid.baseline else None)
+    notes: list[str] = []
+    variants = expand(grid, base.algo.base if baseline and grid.baseline else None, notes)
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     for variant in variants:  # every variant's config and algorithm settings are checked before anything trains
         build_algorithm(load_config(files, base_sets + variant_sets(variant)))
     folder = Path(output) if output else Path(base.train.runs_root) / f"ablate-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Plan(folder, files, base_sets, variants, base.train.steps)
+    return Plan(folder, files, base_sets, variants, base.train.steps, notes)
+
+
+def read_state(path: Path) -> dict:
+    """ablation.json: {"variants": {name: overrides}, "base": {"config": [...], "set": [...]}}, checked."""
+    state = read_json(path)
+    require(isinstance(state.get("variants"), dict) and all(isinstance(v, dict) for v in state["variants"].values()),
+            path, "has no mapping of variants to their overrides")
+    require(isinstance(state.get("base"), dict), path, "has no base config")
+    return state
 
 
 def claim_folder(plan: Plan) -> None:
-    """Create the ablation folder, or check that an existing one holds the same variants."""
+    """Create the ablation folder, or check that an existing one holds this very grid (then the
+    command continues it); another grid, or another base config, is refused: its tasks.json and
+    report would lose the variants the folder already holds."""
     plan.folder.mkdir(parents=True, exist_ok=True)
     path = plan.folder / STATE_FILE
-    mine = {v.name: v.overrides for v in plan.variants}
-    state = json.loads(path.read_text()) if path.is_file() else {"variants": {}}
-    for name, overrides in mine.items():
-        theirs = state["variants"].get(name)
-        if theirs is not None and theirs != json.loads(json.dumps(overrides)):
-            raise UserError(f"'{plan.folder}' already holds variant '{name}' with other settings ({theirs}); "
+    mine = json.loads(json.dumps({v.name: v.overrides for v in plan.variants}))
+    base = {"config": plan.config_files, "set": plan.base_sets}
+    if path.is_file():
+        state = read_state(path)
+        if state["base"] != base:
+            raise UserError(f"'{plan.folder}' holds an ablation of another base config ({state['base']}); "
                             "choose another --output")
-    if state.get("base") not in (None, {"config": plan.config_files, "set": plan.base_sets}):
-        raise UserError(f"'{plan.folder}' holds an ablation of another base config ({state['base']}); "
-                        "choose another --output")
-    state["variants"].update(mine)
-    state["base"] = {"config": plan.config_files, "set": plan.base_sets}
-    replace_text(path, json.dumps(state, indent=2) + "\n")  # a full disk never leaves half of it
+        theirs = state["variants"]
+        changed = next((name for name in mine if name in theirs and theirs[name] != mine[name]), None)
+        if changed is not None:
+            raise UserError(f"'{plan.folder}' already holds variant '{changed}' with other settings "
+                            f"({theirs[changed]}); choose another --output")
+        if set(theirs) != set(mine):
+            extra = sorted(set(theirs) - set(mine)) or sorted(set(mine) - set(theirs))
+            which = "holds" if set(theirs) - set(mine) else "does not hold"
+            raise UserError(f"'{plan.folder}' holds another grid ({len(theirs)} variants; it {which} "
+                            f"{', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}); rerun that grid's own command "
+                            "to continue it, or choose another --output")
+    replace_text(path, json.dumps({"variants": mine, "base": base}, indent=2) + "\n")  # whole or not at all
 
 
 def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None) -> dict:
     """Train and evaluate every variant not finished yet, where `launch` says (this process by
     default; N processes; a Slurm job array), then write the report from the task folders."""
-    from meds_cli.commands.ablate_eval import results_path, variant_settings
-    from meds_cli.commands.ablate_launch import LaunchOptions, make_launcher, report, wait_with_progress
-    from meds_cli.commands.ablate_task import clear_error, make_task, run_task, write_tasks
+    from meds_cli.commands.ablate_eval import variant_settings
+    from meds_cli.commands.ablate_launch import LaunchOptions, array_script
+    from meds_cli.engine.run_folders.run_lock import FolderLock
 
     launch = launch or LaunchOptions()
     variant_settings(eval_settings, 1)  # a bad --k / --benchmarks fails before the first variant trains
     launch.check()  # a bad launcher setting too, before anything is written or submitted
+    if launch.launcher == "slurm":
+        array_script(plan, launch.slurm)  # every value of the script checked before anything is written
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    with FolderLock(plan.folder, "ablation folder", "two ablations in one folder would train and evaluate its "
+                    "tasks twice at once"):
+        return _run_claimed(plan, eval_settings, launch, console=console, quiet=quiet, argv=argv)
+
+
+def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, argv) -> dict:
+    from meds_cli.commands.ablate_eval import results_path
+    from meds_cli.commands.ablate_launch import make_launcher, report, wait_with_progress
+    from meds_cli.commands.ablate_task import clear_error, make_task, run_task, write_tasks
+
     claim_folder(plan)
     write_tasks(plan, eval_settings, variant_sets)
     console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
@@ -260,14 +327,12 @@ def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, arg
 
 def collect_report(folder: Path, console) -> dict:
     """`meds ablate --collect DIR`: the report of whatever has finished, naming what has not."""
-    import dataclasses
-
     from meds_cli.commands.ablate_launch import report, slurm_activity
     from meds_cli.commands.ablate_task import eval_settings_of, read_tasks
 
-    record = read_tasks(folder)
-    names = {f.name for f in dataclasses.fields(Variant)}
-    variants = [Variant(**{k: v for k, v in item.items() if k in names}) for item in record["variants"]]
+    record = read_tasks(folder)  # checked: every variant a folder inside DIR
+    variants = [Variant(item["name"], item["group"], item["overrides"], item.get("seed"))
+                for item in record["variants"]]
     return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)))
 
 
@@ -300,6 +365,8 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     (loading its model first) and estimate the training time."""
     from rich.table import Table
 
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each "
                         f"-> {plan.folder}",
                   title_justify="left")

@@ -91,16 +91,22 @@ def report(folder: Path, variants, eval_settings, console, active: dict[str, str
     queued/running in Slurm; or not finished, with their log's last line)."""
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.commands.ablate_report import write_report
-    from meds_cli.commands.ablate_task import DONE, task_outcome
+    from meds_cli.commands.ablate_task import DONE, FAILED, check_config, task_outcome
+    from meds_cli.core.names import child
     from meds_cli.engine.config import load_config
 
     finished, paths, unfinished = [], {}, {}
     for variant in variants:
-        run_dir = folder / variant.name
+        run_dir = child(folder, variant.name, f"the variants of '{folder}'")
         config = run_dir / "config.yaml"
         steps = load_config([str(config)]).train.steps if config.is_file() else 0
         paths[variant.name] = results_path(run_dir, eval_settings, steps)
         state, line = task_outcome(run_dir, paths[variant.name])
+        if state == DONE:
+            try:  # an edited config.yaml: its results are not the variant's
+                check_config(run_dir, variant.name, variant.overrides)
+            except UserError as error:
+                state, line = FAILED, str(error)
         if state == DONE:
             finished.append(variant)
             continue
@@ -110,10 +116,11 @@ def report(folder: Path, variants, eval_settings, console, active: dict[str, str
     return write_report(folder, finished, paths, console, unfinished=unfinished)
 
 
-def show_script(plan, settings: SlurmSettings) -> None:
-    """--dry-run --launcher slurm: the sbatch script of the grid's tasks, on stdout; nothing written."""
+def array_script(plan, settings: SlurmSettings) -> str:
+    """The sbatch script of the grid's tasks (every value checked: a control character is one line)."""
     from meds_cli.commands.ablate_task import make_task
     from meds_cli.engine.launchers.slurm_array import render_array_script
 
     tasks = [make_task(plan.folder / v.name) for v in plan.variants]
-    print(render_array_script(tasks, plan.folder, settings, Path.cwd()), end="")
+    return render_array_script(tasks, plan.folder, settings, Path.cwd())
+

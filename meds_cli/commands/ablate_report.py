@@ -26,7 +26,10 @@ import numpy as np
 
 from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
 from benchmarks.paired_compare import markdown as paired_markdown
+from benchmarks.passk import mean_pass_at_k
 from meds_cli.commands.plotting import pyplot as _pyplot
+from meds_cli.core.jsonl import read_rows
+from meds_cli.core.read_back import numbers_of, probability, read_json, require
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.run_folders import run_dir as runs
 
@@ -71,15 +74,66 @@ def memory_ari(run_dir: Path) -> float | None:
     return float(np.mean(aris)) if aris else None
 
 
-def variant_result(run_dir: Path, results_file: Path) -> dict:
-    """The metrics of one trained and evaluated run."""
-    rows = runs.metrics_rows(run_dir)
-    document = json.loads(results_file.read_text()) if results_file.is_file() else {}
-    passk = (document.get("average") or {}).get("pass@k") or {}
-    ks = sorted(int(k) for k in passk)
+def results_pass_at_k(results_file: Path) -> dict[int, float]:
+    """{k: pass@k} of a results.json's average, checked: a malformed file, a k that is not a
+    positive integer, or a value outside [0, 1] (NaN included) is one line naming the file."""
+    document = read_json(results_file)
+    average = document.get("average")
+    passk = average.get("pass@k") if isinstance(average, dict) else None
+    require(isinstance(passk, dict) and bool(passk), results_file, "has no average pass@k")
+    require(all(isinstance(k, str) and k.isdigit() and int(k) >= 1 for k in passk), results_file,
+            f"has pass@k at ks {sorted(passk)}, not positive integers")
+    benchmarks = document.get("benchmarks")
+    require(isinstance(benchmarks, dict), results_file, "has no scores per benchmark")
+    for name, scores in benchmarks.items():
+        inner = scores.get("pass@k") if isinstance(scores, dict) else None
+        require(isinstance(inner, dict), results_file, f"has no pass@k for benchmark {name!r}")
+        for k, value in inner.items():
+            probability(value, results_file, f"benchmarks.{name}.pass@k[{k}]")
+    return {int(k): probability(value, results_file, f"average pass@k[{k}]") for k, value in passk.items()}
+
+
+def sample_pass_at_k(results_file: Path, ks: list[int], skipped: list[str]) -> dict[int, float]:
+    """{k: pass@k} recomputed from the samples.jsonl beside results.json (the source of truth),
+    the unweighted mean over benchmarks as the eval's average; ks above a problem's samples left out."""
+    from benchmarks.paired_compare import problem_counts
+
+    per_benchmark = problem_counts(results_file, skipped)
+    require(bool(per_benchmark), results_file.parent / "samples.jsonl", "holds no samples")
+    fewest = min(n for problems in per_benchmark.values() for n, _ in problems.values())
+    ks = [k for k in ks if k <= fewest]
+    means = [mean_pass_at_k(list(problems.values()), ks) for problems in per_benchmark.values()]
+    return {k: float(np.mean([m[k] for m in means])) for k in ks}
+
+
+def checked_pass_at_k(results_file: Path, warnings: list[str]) -> dict[int, float]:
+    """pass@k from the samples; a results.json whose values disagree with them is said in `warnings`
+    (the report keeps the samples' values)."""
+    written = results_pass_at_k(results_file)
+    found = sample_pass_at_k(results_file, sorted(written), warnings)
+    differ = [k for k in found if abs(found[k] - written[k]) > 1e-6]
+    if differ:
+        k = differ[0]
+        warnings.append(f"{results_file} says pass@{k} = {written[k]:.4f}, its samples give {found[k]:.4f}: the "
+                        "report uses the samples (was results.json edited, or written by another eval?)")
+    return found
+
+
+def variant_result(run_dir: Path, results_file: Path, warnings: list[str] | None = None) -> dict:
+    """The metrics of one trained and evaluated run: pass@k from its samples, the rest from its
+    metrics.jsonl (checked: a value that is not a number is one line naming the file)."""
+    warnings = warnings if warnings is not None else []
+    metrics = Path(run_dir) / runs.METRICS_FILE
+    rows = read_rows(metrics, warnings)
+    metrics_keys = ["reward", "time_step_s", "step", "distinct_wrong_answers_per_group",
+                    "distinct_correct_answers_per_group", "entropy", "meds/clusters_per_prompt",
+                    "meds/eigen_ratio_top1"]
+    numbers_of(rows, metrics, metrics_keys)
+    passk = checked_pass_at_k(results_file, warnings) if results_file.is_file() else {}
+    ks = sorted(passk)
     times = [r["time_step_s"] for r in rows if "time_step_s" in r]
     return {
-        "pass@1": passk.get("1"), "pass@k": passk.get(str(ks[-1])) if ks else None, "k": ks[-1] if ks else None,
+        "pass@1": passk.get(1), "pass@k": passk.get(ks[-1]) if ks else None, "k": ks[-1] if ks else None,
         "final_reward": _tail_mean(rows, "reward"),
         "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
         "distinct_correct": _tail_mean(rows, "distinct_correct_answers_per_group"),
@@ -87,7 +141,7 @@ def variant_result(run_dir: Path, results_file: Path) -> dict:
         "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
         "time_per_step_s": float(np.mean(times)) if times else None,
         **{curve: [[r["step"], r[metric]] for r in rows if metric in r] for curve, metric, _ in STEP_CURVES},
-        "pass_at_k_curve": {k: passk[str(k)] for k in ks},
+        "pass_at_k_curve": {k: passk[k] for k in ks},
     }
 
 
@@ -292,7 +346,10 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
         console.print("no task has finished yet: no report")
         return {"folder": str(folder), "rows": [], "unfinished": unfinished}
 
-    results = {v.name: variant_result(folder / v.name, paths[v.name]) for v in variants}
+    warnings: list[str] = []
+    results = {v.name: variant_result(folder / v.name, paths[v.name], warnings) for v in variants}
+    for line in warnings:
+        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     rows = aggregate(variants, results)
     setups = {v.group: arm_setup(folder / v.name, v.overrides) for v in variants}
     for row in rows:
@@ -305,6 +362,8 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
                                        "clusters, eigen ratio, ARI (clusters vs final answers in the memory): MEDS "
                                        "only.\n" +
                                        (f"\n{paired_markdown(comparisons)}" if comparisons else "") +
+                                       ("\n## Warnings\n\n" + "".join(f"- {line}\n" for line in warnings)
+                                        if warnings else "") +
                                        ("\n## Not finished\n\n" + "".join(f"- {line}\n" for line in missing)
                                         if missing else ""))
     write_csv(rows, folder / "summary.csv")
@@ -312,7 +371,8 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
                "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
                "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides}
                             for v in variants],
-               "unfinished": unfinished}
+               "unfinished": unfinished, "warnings": warnings,
+               "skipped_lines": sum("cut short" in line for line in warnings)}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if comparisons:
         write_paired(comparisons, folder)

@@ -18,6 +18,8 @@ from pathlib import Path
 from benchmarks.harness import EvalSettings
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
+from meds_cli.core.names import child
+from meds_cli.core.read_back import damaged, read_json, require
 from meds_cli.engine.config import dump_yaml, load_config
 from meds_cli.engine.launchers.tasks import Task
 from meds_cli.engine.run_folders import run_dir as runs
@@ -52,15 +54,66 @@ def write_tasks(plan, eval_settings: EvalSettings, variant_sets) -> None:
 
 
 def read_tasks(folder: Path) -> dict:
+    """tasks.json of an ablation folder, checked: a malformed or wrong-typed one, or a variant
+    naming a folder outside the ablation folder, is one line naming the file."""
     path = Path(folder) / TASKS_FILE
     if not path.is_file():
         raise UserError(f"'{folder}' is not an ablation folder (no {TASKS_FILE} in it); give the folder "
                         "`meds ablate` printed")
-    return json.loads(path.read_text())
+    record = read_json(path)
+    steps, settings, variants = record.get("steps"), record.get("eval"), record.get("variants")
+    require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, path,
+            f"has steps = {steps!r}, not a number of steps")
+    require(isinstance(settings, dict), path, f"has eval = {settings!r}, not the eval settings")
+    require(isinstance(variants, list) and bool(variants), path, "has no list of variants")
+    for item in variants:
+        seed = item.get("seed") if isinstance(item, dict) else None
+        require(isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("group"), str)
+                and isinstance(item.get("overrides"), dict)
+                and (seed is None or (isinstance(seed, int) and not isinstance(seed, bool))),
+                path, f"has the variant {item!r}, not a name, group, overrides and seed")
+        child(folder, item["name"], f"'{path}'")
+    names = [item["name"] for item in variants]
+    require(len(set(names)) == len(names), path, "names a variant twice")
+    eval_settings_of(record, path)
+    return record
 
 
-def eval_settings_of(record: dict) -> EvalSettings:
-    return EvalSettings(**record["eval"])
+def eval_settings_of(record: dict, source="tasks.json") -> EvalSettings:
+    from meds_cli.commands.ablate_eval import variant_settings
+
+    try:
+        settings = EvalSettings(**record["eval"])
+        variant_settings(settings, 1)  # its values' types and ranges
+    except TypeError as error:
+        raise damaged(source, f"has eval settings that are not meds eval's ({error})") from None
+    return settings
+
+
+def check_config(folder: Path, name: str, overrides: dict) -> None:
+    """The task's config.yaml still sets what its variant is (tasks.json's overrides): an edited
+    config.yaml would train one algorithm under another's label, so it is refused in one line."""
+    config = Path(folder) / "config.yaml"
+    if not config.is_file():
+        return
+    ours = dataclasses.asdict(load_config([str(config)]))
+    sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+    theirs = dataclasses.asdict(load_config([str(config)], sets))
+    if ours == theirs:
+        return
+    for key, value in overrides.items():
+        found = ours
+        for part in key.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        wanted = theirs
+        for part in key.split("."):
+            wanted = wanted.get(part) if isinstance(wanted, dict) else None
+        if found != wanted:
+            raise UserError(f"'{config}' sets {key} = {found!r}, but variant '{name}' is {key} = {value!r} "
+                            f"({TASKS_FILE}): the task's config was edited; restore it, or delete the task folder "
+                            "to start the task over")
+    raise UserError(f"'{config}' does not set what variant '{name}' is ({', '.join(sets)}, {TASKS_FILE}): the task's "
+                    "config was edited; restore it, or delete the task folder to start the task over")
 
 
 def make_task(folder: Path) -> Task:
@@ -112,8 +165,13 @@ def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
 
     folder = Path(folder)
     record = read_tasks(folder.parent)
+    variant = next((item for item in record["variants"] if item["name"] == folder.name), None)
+    if variant is None:
+        raise UserError(f"'{folder}' is not a task of the ablation in '{folder.parent}' ({TASKS_FILE} does not "
+                        "name it)")
     clear_error(folder)
     try:
+        check_config(folder, variant["name"], variant["overrides"])
         train_task(folder, record["steps"], console, quiet, list(argv))
         evaluate_variant(folder, eval_settings_of(record), console)
     except Exception as error:

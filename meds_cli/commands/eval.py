@@ -31,6 +31,7 @@ from meds_cli.engine.model_io.model import check_dtype, has_chat_template, prech
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
 from meds_cli.engine.rollout.eval_backends import ModelSpec
 from meds_cli.engine.run_folders import run_dir as runs
+from meds_cli.engine.run_folders.run_lock import FolderLock
 
 # What a run is evaluated on by default, by its task (any other task: its held-out split).
 RUN_BENCHMARKS = {"math": "math500"}
@@ -272,27 +273,31 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     progress = Progress(TextColumn("[bold]eval"), TextColumn("{task.fields[label]}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), EtaColumn(),
                         console=console, disable=quiet)
-    try:
-        with progress:
-            outcome = evaluate(backend, settings, folder, _Bar(progress), suites)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]stopped[/]; the samples drawn so far are in {folder / 'samples.jsonl'}: "
-                      f"run the same command with --output {folder} to continue")
-        raise
-    outcome.timing["load_s"] += load_s
-    outcome.timing["total_s"] += load_s
-    document = results_document(spec, settings, outcome, backend_name)
-    warnings = [line for line in (prompt_warning(document), truncation_warning(document)) if line]
-    if warnings:
-        document["warnings"] = warnings
-    write_results(folder, document)
-    library_warnings.flush()
-    plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
-    print_table(score_table(document))
-    console.print(truncation_line(document), highlight=False)
-    for warning in warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
-    console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  plot: {folder / PLOT_FILE}")
+    lock = FolderLock(folder, "eval output folder", "two evals writing one samples.jsonl would draw every sample twice")
+    with lock:  # to the results file: another eval of this folder waits for none of it
+        try:
+            with progress:
+                check_state(folder, settings)  # again, under the lock: what another eval may have written since
+                outcome = evaluate(backend, settings, folder, _Bar(progress), suites)
+        except KeyboardInterrupt:
+            console.print(f"[yellow]stopped[/]; the samples drawn so far are in {folder / 'samples.jsonl'}: "
+                          f"run the same command with --output {folder} to continue")
+            raise
+        outcome.timing["load_s"] += load_s
+        outcome.timing["total_s"] += load_s
+        document = results_document(spec, settings, outcome, backend_name)
+        warnings = [line for line in (prompt_warning(document), truncation_warning(document)) if line]
+        if warnings:
+            document["warnings"] = warnings
+        write_results(folder, document)
+        library_warnings.flush()
+        plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
+        print_table(score_table(document))
+        console.print(truncation_line(document), highlight=False)
+        for warning in warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
+        console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  "
+                      f"plot: {folder / PLOT_FILE}")
     return document
 
 

@@ -32,6 +32,18 @@ def processes_of(nodes: int, gpus_per_node: int, processes_per_node: int | None)
     return gpus_per_node or processes_per_node or 1
 
 
+def unprepare(run_dir: Path, existed: bool) -> None:
+    """Take back what a submission that failed made (its config.yaml and script, the folder where
+    it made it), so the rerun is a fresh submission, not a run it would ask to --resume."""
+    for name in ("config.yaml", SCRIPT):
+        (run_dir / name).unlink(missing_ok=True)
+    if not existed:
+        try:
+            run_dir.rmdir()
+        except OSError:  # something else is in it now: left as it is
+            pass
+
+
 def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_node: int,
                     processes_per_node: int | None, settings: SlurmSettings, dry_run: bool, console) -> dict:
     from meds_cli.commands.train import check_before_loading, prepare_run
@@ -53,11 +65,16 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
         console.print(f"dry run: would create {run_dir} and submit the script above; nothing was created",
                       highlight=False, soft_wrap=True)
         return {"run_dir": str(run_dir), "script": script}
+    existed = run_dir.exists()
     runs.claim_run_dir(run_dir)
     cfg.train.output_dir = ""  # as the trainer writes it: the folder is where the file is
-    dump_yaml(cfg, run_dir / "config.yaml", sections=sections)
-    (run_dir / SCRIPT).write_text(script)
-    job = sbatch_submit(run_dir / SCRIPT)
+    try:
+        dump_yaml(cfg, run_dir / "config.yaml", sections=sections)
+        (run_dir / SCRIPT).write_text(script)
+        job = sbatch_submit(run_dir / SCRIPT)
+    except BaseException:
+        unprepare(run_dir, existed)
+        raise
     console.print(f"submitted Slurm job {job}: {nodes} node(s) x {per_node} processes, run folder {run_dir}\n"
                   f"follow it: squeue -j {job}; tail -f {run_dir}/slurm-{job}.out (sacct -j {job} where accounting "
                   "is on)", highlight=False, soft_wrap=True)

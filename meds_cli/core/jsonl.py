@@ -47,12 +47,17 @@ def split_rows(data: bytes, source: str = "file") -> tuple[list[dict], int]:
     return rows, complete
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a JSON-lines file (none when it does not exist), a cut-off last line skipped."""
+def read_rows(path: Path, skipped: list[str] | None = None) -> list[dict]:
+    """The rows of a JSON-lines file (none when it does not exist), a cut-off last line skipped;
+    `skipped`, where given, gets a warning line for it (a report counts and shows them)."""
     path = Path(path)
     if not path.is_file():
         return []
-    return split_rows(path.read_bytes(), str(path))[0]
+    data = path.read_bytes()
+    rows, complete = split_rows(data, str(path))
+    if complete < len(data) and skipped is not None:
+        skipped.append(f"{path}: its last line is cut short (a writer was killed mid-line); skipped it")
+    return rows
 
 
 def drop_cut_off_tail(path: Path) -> list[dict]:

@@ -72,6 +72,8 @@ class ProcessLauncher:
 
     def submit(self, tasks: list[Task]) -> str:
         self.queued = list(tasks)
+        # More slots than tasks would only be looped over (and shrink each task's thread share): as many as tasks.
+        self.jobs = max(1, min(self.jobs, len(tasks)))
         self._fill_slots()
         gpus = f", one GPU each of {self.gpus}" if self.gpus else ""
         return (f"running {len(tasks)} tasks, {self.jobs} at once on this machine "

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
+from meds_cli.core.read_back import read_json, require
+from meds_cli.engine.launchers.script_text import comment, directive, output_directive, shell_word
 from meds_cli.engine.launchers.slurm_settings import SlurmSettings, error_line, sbatch_lines, sbatch_submit
 from meds_cli.engine.launchers.tasks import ENDED, QUEUED, RUNNING, Task
 
@@ -23,22 +25,29 @@ ARRAY_LOGS = "slurm-logs"  # what an array task prints before its own log opens
 
 def render_array_script(tasks: list[Task], folder: Path, settings: SlurmSettings, workdir: Path) -> str:
     """The sbatch script running `tasks` as array tasks 0..len-1, each its own command line (one
-    Slurm task each: --ntasks=1, which --gpus-per-task also needs)."""
+    Slurm task each: --ntasks=1, which --gpus-per-task also needs). Every value goes through
+    script_text (checked, quoted): a control character anywhere is one line, before anything is written."""
     folder = folder.resolve()
+    where = "the ablation folder (--output)"
+    output = output_directive(where, folder / ARRAY_LOGS, "%A_%a.out")  # first: its errors name the folder
     limit = f"%{settings.max_parallel}" if settings.max_parallel else ""
-    commands = "\n".join(f"    {index}) COMMAND=({shlex.join(task.command)}) ;;" for index, task in enumerate(tasks))
-    folders = "\n".join(f"    {index}) TASK={shlex.quote(str(task.folder.resolve()))} ;;"
+    commands = "\n".join(f"    {index}) COMMAND=({' '.join(shell_word('a task command', w) for w in task.command)}) ;;"
+                         for index, task in enumerate(tasks))
+    folders = "\n".join(f"    {index}) TASK={shell_word('a task folder', task.folder.resolve())} ;;"
                         for index, task in enumerate(tasks))
+    header = "\n".join([
+        comment(f"meds ablate: {len(tasks)} tasks of the grid in {folder}, one Slurm array task each"),
+        comment("(train, then evaluate, in the task's folder). Written by `meds ablate --launcher slurm`;"),
+        comment("rerunning that command resubmits only unfinished tasks. "
+                f"By hand: sbatch {shlex.quote(str(folder / SCRIPT))}"),
+        directive("job-name", f"meds-{folder.name}", where),
+        directive("array", f"0-{len(tasks) - 1}{limit}"),
+        directive("ntasks", 1),
+        output,
+        directive("open-mode", "append"),
+        *sbatch_lines(settings)])
     return f"""#!/bin/bash
-# meds ablate: {len(tasks)} tasks of the grid in {folder}, one Slurm array task each
-# (train, then evaluate, in the task's folder). Written by `meds ablate --launcher slurm`;
-# rerunning that command resubmits only unfinished tasks. By hand: sbatch {shlex.quote(str(folder / SCRIPT))}
-#SBATCH --job-name=meds-{folder.name}
-#SBATCH --array=0-{len(tasks) - 1}{limit}
-#SBATCH --ntasks=1
-#SBATCH --output={folder / ARRAY_LOGS}/%A_%a.out
-#SBATCH --open-mode=append
-{chr(10).join(sbatch_lines(settings))}
+{header}
 set -euo pipefail
 case "$SLURM_ARRAY_TASK_ID" in
 {folders}
@@ -51,7 +60,7 @@ if [[ -n "${{SLURM_CPUS_PER_TASK:-}}" ]]; then export OMP_NUM_THREADS=$SLURM_CPU
 # Slurm sends SIGTERM on scancel, preemption and the time limit: the log says so (the report shows its last line).
 trap 'echo "meds: stopped by Slurm (SIGTERM: scancel, preemption or the time limit); rerunning the command \
 resumes the task from its last checkpoint"; exit 143' TERM
-cd {shlex.quote(str(workdir))}
+cd {shell_word('the working folder', workdir)}
 case "$SLURM_ARRAY_TASK_ID" in
 {commands}
 esac
@@ -61,8 +70,15 @@ wait $!
 
 
 def read_jobs(folder: Path) -> dict[str, list[str]]:
+    """slurm_jobs.json, checked: {job id (digits): [task names]}; anything else is one line."""
     path = folder / JOBS_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    jobs = read_json(path)
+    require(all(isinstance(job, str) and job.isdigit() and isinstance(names, list)
+                and all(isinstance(name, str) for name in names) for job, names in jobs.items()),
+            path, "is not a mapping of Slurm job ids to the names of their tasks")
+    return jobs
 
 
 def squeue_states(job_ids: list[str]) -> dict[tuple[str, int], str]:

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from meds_cli.core.errors import UserError, nearest
+from meds_cli.engine.launchers.script_text import check_extra, checked, directive
 
 
 @dataclass
@@ -28,25 +29,51 @@ class SlurmSettings:
     requeue: bool = False
 
 
+# A grid file's `slurm:` keys -> the type each takes (as the config's own fields are checked).
+_TYPES = {"partition": str, "time": str, "gpus_per_task": int, "cpus_per_task": int, "mem": (str, int),
+          "account": str, "max_parallel": int, "extra": (list, dict, str), "requeue": bool}
+
+
+def _typed(key: str, name: str, value, where: str):
+    """`value` of the `slurm:` key, refused in one line when YAML made it another type than the key takes."""
+    expected = _TYPES[name]
+    if value is None:
+        return None
+    if name == "time" and isinstance(value, int) and not isinstance(value, bool):
+        raise UserError(f"{where}: slurm {key}: {value!r} is an integer, not a Slurm time: YAML reads an unquoted "
+                        f"4:00:00 as the number 14400 (base 60); quote it: {key}: \"4:00:00\"")
+    if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+        kinds = {str: "a string", int: "an integer", bool: "true or false", (str, int): "a string or an integer",
+                 (list, dict, str): "a list of KEY=VALUE strings"}[expected]
+        hint = f' (quote it: {key}: "{value}")' if expected is str else ""
+        raise UserError(f"{where}: slurm {key}: {value!r} is {type(value).__name__}; give {kinds}{hint}")
+    return value
+
+
 def settings_from_mapping(data, where: str) -> SlurmSettings:
     """A grid file's `slurm:` section ({partition: gpu, time: "4:00:00", extra: [qos=high], ...};
-    keys as the --slurm-* options without the prefix)."""
+    keys as the --slurm-* options without the prefix), each value type-checked."""
     if not isinstance(data, dict):
-        raise UserError(f"{where}: the slurm section must be a mapping, e.g. slurm: {{partition: gpu, time: 4:00:00}}")
+        raise UserError(f'{where}: the slurm section must be a mapping, '
+                        'e.g. slurm: {partition: gpu, time: "4:00:00"}')
     names = [f.name for f in dataclasses.fields(SlurmSettings)]
     values = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in names:
             raise UserError(f"{where}: unknown slurm key '{key}'{nearest(name, names)}; valid: {', '.join(names)}")
-        values[name] = value
+        values[name] = _typed(str(key), name, value, where)
     extra = values.get("extra") or []
     if isinstance(extra, dict):
         extra = [f"{k}={v}" for k, v in extra.items()]
-    values["extra"] = [str(item) for item in ([extra] if isinstance(extra, str) else extra)]
-    for name in ("partition", "time", "mem", "account"):
-        if values.get(name) is not None:
-            values[name] = str(values[name])
+    extra = [extra] if isinstance(extra, str) else extra
+    if not all(isinstance(item, str) for item in extra):
+        raise UserError(f"{where}: slurm extra: {extra!r}; give KEY=VALUE strings, e.g. extra: [qos=high]")
+    values["extra"] = extra
+    if values.get("mem") is not None:
+        values["mem"] = str(values["mem"])  # a number: megabytes, as Slurm reads it
+    if values.get("requeue") is None:
+        values.pop("requeue", None)
     return SlurmSettings(**values)
 
 
@@ -90,12 +117,14 @@ def time_minutes(text: str) -> float:
 def check_settings(settings: SlurmSettings) -> None:
     """The checks that need no cluster: forms and ranges."""
     if settings.time is not None:
+        checked("--slurm-time", settings.time)
         try:
             time_minutes(settings.time)
         except ValueError:
             raise UserError(f"--slurm-time '{settings.time}' is not a Slurm time limit; give MM, HH:MM:SS, "
                             "D-HH or D-HH:MM:SS (e.g. 30, 4:00:00, 1-12)") from None
-    if settings.mem is not None and not re.fullmatch(r"\d+[KMGT]?", settings.mem.strip(), re.IGNORECASE):
+    if settings.mem is not None and checked("--slurm-mem", settings.mem) and \
+            not re.fullmatch(r"\d+[KMGT]?", settings.mem.strip(), re.IGNORECASE):
         raise UserError(f"--slurm-mem '{settings.mem}' is not a Slurm memory size; give a number with K, M, G "
                         "or T (e.g. 64G)")
     for flag, value, least in (("--slurm-gpus-per-task", settings.gpus_per_task, 0),
@@ -103,10 +132,11 @@ def check_settings(settings: SlurmSettings) -> None:
                                ("--slurm-max-parallel", settings.max_parallel, 1)):
         if value is not None and value < least:
             raise UserError(f"{flag} {value}: give {least} or more")
+    for option, value in (("--slurm-partition", settings.partition), ("--slurm-account", settings.account)):
+        if value is not None:
+            checked(option, value)
     for item in settings.extra:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*=\S.*", item):
-            raise UserError(f"--slurm-extra '{item}' is not KEY=VALUE (an sbatch option without its dashes, "
-                            "e.g. qos=high or constraint=a100)")
+        check_extra(item)
 
 
 def sbatch_or_error() -> str:
@@ -196,11 +226,12 @@ def sbatch_submit(script) -> str:
 
 
 def sbatch_lines(settings: SlurmSettings) -> list[str]:
-    """The #SBATCH lines of the settings (the array and output lines are the launcher's)."""
+    """The #SBATCH lines of the settings (the array and output lines are the launcher's), each
+    through script_text.directive: checked and quoted."""
     options = [("partition", settings.partition), ("time", settings.time), ("account", settings.account),
                ("gpus-per-task", settings.gpus_per_task), ("cpus-per-task", settings.cpus_per_task),
                ("mem", settings.mem)]
-    lines = [f"#SBATCH --{key}={value}" for key, value in options if value is not None]
-    lines += [f"#SBATCH --{item.split('=', 1)[0]}={item.split('=', 1)[1]}" for item in settings.extra]
-    lines.append("#SBATCH --requeue" if settings.requeue else "#SBATCH --no-requeue")
+    lines = [directive(key, value, f"--slurm-{key}") for key, value in options if value is not None]
+    lines += [directive(*check_extra(item), "--slurm-extra") for item in settings.extra]
+    lines.append(directive("requeue" if settings.requeue else "no-requeue"))
     return lines

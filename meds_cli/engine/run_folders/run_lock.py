@@ -151,3 +151,16 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class FolderLock(RunLock):
+    """The same lock on another kind of folder (an eval's output, an ablation), its refusal
+    saying what the folder is and why two writers cannot share it."""
+
+    def __init__(self, folder: Path, what: str, why: str):
+        super().__init__(folder)
+        self.what, self.why = what, why
+
+    def refusal(self, info: dict) -> UserError:
+        return UserError(f"{self.what} '{self.run_dir}' is in use by {describe(info)}; wait for it to end or stop it "
+                         f"({self.why})")
