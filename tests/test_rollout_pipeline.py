@@ -203,3 +203,8 @@ def test_a_killed_worker_ends_the_run_in_one_line_with_the_checkpoint_intact(tmp
     message = str(gone.value)
     assert "\n" not in message and f"pid {pid}" in message and "last checkpoint kept" in message
     assert sorted(p.name for p in checkpoint.iterdir()) == files
+
+
+def test_bad_worker_cores_are_refused_in_one_line():
+    with pytest.raises(UserError, match=r"rollout.worker.cores must be a list of CPU numbers"):
+        tiny_config("rollout.worker.cores=one")

@@ -48,8 +48,9 @@ def _cores_valid(text: str) -> bool:
 class WorkerConfig:
     """The `rollout.worker` config section (the hf-worker engine)."""
 
-    cores: str = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the trainer's, "
-                         "with its thread count)", Check(_cores_valid, "a list of CPU numbers such as 1 or 0,2 or 2-5"))
+    cores: str | int = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the "
+                               "trainer's, with its thread count)",
+                           Check(_cores_valid, "a list of CPU numbers such as 1 or 0,2 or 2-5"))
 
 
 def parse_cores(text: str) -> list[int]:
