@@ -463,3 +463,18 @@ def test_a_tied_output_head_is_tied_again_to_the_reloaded_embeddings():
     tied = make(True)
     retie_output_head(tied)
     assert calls == ["tie", "prepare"] and tied.lm_head.weight == "new embedding"
+
+
+def test_sampler_precision_line_and_auto_dtype_follow_the_trainer():
+    import torch
+
+    from meds_cli.engine.rollout.vllm_engine import engine_dtype, sampler_precision_line, trainer_compute_dtype
+
+    # bf16 autocast computes in bfloat16 whatever the weights; without autocast, in the weights' dtype
+    assert trainer_compute_dtype("bf16", torch.float32) == "bfloat16"
+    assert trainer_compute_dtype("no", torch.float32) == "float32"
+    assert trainer_compute_dtype(None, torch.float16) == "float16"
+    assert engine_dtype("auto", "bfloat16") == "bfloat16" and engine_dtype("float32", "bfloat16") == "float32"
+    assert sampler_precision_line("vllm", "float32", "float32") is None
+    line = sampler_precision_line("vllm", "float32", "bfloat16")
+    assert "\n" not in line and "computes in float32, the trainer in bfloat16" in line

@@ -9,7 +9,7 @@ the first registered engine that prefers this machine, else `hf`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +23,11 @@ from meds_cli.engine.rollout.sampling_engine import RolloutEngine
 from meds_cli.engine.rollout.vllm_engine import (
     VLLMEngine,
     check_vllm_settings,
+    engine_dtype,
+    sampler_precision_line,
     say_on_stderr,
     tensor_parallel_gather,
+    trainer_compute_dtype,
     vllm_available,
 )
 
@@ -186,12 +189,17 @@ def _vllm_model_len(cfg, tokenizer, task) -> int:
     return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
 
 
-def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0, **_):
+def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                       autocast: str = "no", **_):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
     if cfg.model.name == TINY:
         raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
-    options = cfg.rollout.vllm
+    trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
+    options = replace(cfg.rollout.vllm, dtype=engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype))
+    line = sampler_precision_line("vllm", options.dtype, trainer_dtype)
+    if line and rank == 0:
+        say_on_stderr(line)
     tp = options.tensor_parallel_size
     scratch_dir.mkdir(parents=True, exist_ok=True)
     # The processes of one tensor-parallel group run one engine between them: one seed per group.
