@@ -208,3 +208,15 @@ def test_a_killed_worker_ends_the_run_in_one_line_with_the_checkpoint_intact(tmp
 def test_bad_worker_cores_are_refused_in_one_line():
     with pytest.raises(UserError, match=r"rollout.worker.cores must be a list of CPU numbers"):
         tiny_config("rollout.worker.cores=one")
+
+
+def test_dapo_extra_rounds_replan_the_next_prefetch(tmp_path):
+    # The tiny copy task starts with no reward spread: DAPO takes every round it may, which moves
+    # the prompts; the next step's first round is planned again after the collect and still taken.
+    rows, _ = _run(tmp_path, "hf-worker", 1, 3, "algo.name=dapo")
+    for row in rows[1:]:
+        rounds = row["generation_rounds"]
+        assert rounds > 1 and "rollouts_sampled_again" not in row
+        # the first round one version old, the extra ones sampled when asked from the newest weights
+        assert row["rollout/staleness_max"] == 1.0
+        assert row["rollout/staleness_mean"] == pytest.approx(1 / rounds)

@@ -97,12 +97,16 @@ class Trainer:
         t_window = time.monotonic()  # the pipeline's clock, for the overlap with the engine apart
         pipeline = self.engine if isinstance(self.engine, RolloutPipeline) else None
         if pipeline is not None and pipeline.max_staleness:
-            self._prefetch(pipeline, step)
+            self._prefetch(pipeline, step, pipeline.max_staleness + 1)
         batch, sampled, info = self.collect(timing)  # sampled, rewarded, shaped, with advantages
         t_train = time.perf_counter()
         row = {"step": step, **info, **rollout_metrics(sampled)}
         if pipeline is not None:
             pipeline.forget_through(step)
+            if pipeline.max_staleness and info["generation_rounds"] > 1:
+                # extra rounds (DAPO) moved the prompts: what was planned for the next steps misses
+                pipeline.forget_through(self.cfg.train.steps)
+                self._prefetch(pipeline, step + 1, pipeline.max_staleness)
             row.update(staleness_metrics(sampled, step - 1))
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
@@ -215,11 +219,12 @@ class Trainer:
                         self.reward_functions)
         return batch
 
-    def _prefetch(self, pipeline: RolloutPipeline, step: int) -> None:
-        """Submit the first round of steps `step` .. `step + k` not yet submitted (module docstring)."""
+    def _prefetch(self, pipeline: RolloutPipeline, first: int, count: int) -> None:
+        """Submit the first round of the `count` steps from `first` on not yet submitted, `first`
+        being the step the prompt sampler stands at (module docstring)."""
         settings = sampling_settings(self.cfg.rollout, self.tokenizer)
-        for ahead in range(pipeline.max_staleness + 1):
-            planned = step + ahead
+        for ahead in range(count):
+            planned = first + ahead
             if planned > self.cfg.train.steps:
                 break
             if planned not in pipeline.prefetched_steps():
