@@ -245,7 +245,8 @@ def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
     ("rollout.vllm.sync=copy", "accepted: adapter, merged"),
     ("rollout.vllm.sleep_level=3", "must be 0, 1 or 2"),
     ("rollout.vllm.tensor_parallel_size=0", "at least 1"),
-    ("rollout.engine=vvlm", "unknown rollout.engine 'vvlm' \\(did you mean 'vllm'\\?\\); accepted: hf, vllm, auto"),
+    ("rollout.engine=vvlm",
+     "unknown rollout.engine 'vvlm' \\(did you mean 'vllm'\\?\\); accepted: hf, hf-worker, vllm, auto"),
     ("rollout.vllm.dtype=fp8", "accepted: bfloat16, float16, float32, auto"),
     ("rollout.vllm.max_model_len=-1", "at least 0"),
     ("rollout.is_correction=ppo", "accepted: none, tis"),
@@ -335,7 +336,7 @@ def test_merged_weights_of_a_plain_model_are_its_parameters():
 def test_engine_choice():
     assert resolve_engine("hf") == "hf"
     assert resolve_engine("auto") == "hf"  # no vllm and no GPU here
-    with pytest.raises(UserError, match="accepted: hf, vllm, auto"):
+    with pytest.raises(UserError, match="accepted: hf, hf-worker, vllm, auto"):
         resolve_engine("vvlm")
     if not vllm_available():
         with pytest.raises(UserError, match="rollout.engine=vllm needs the vllm package"):
@@ -462,3 +463,18 @@ def test_a_tied_output_head_is_tied_again_to_the_reloaded_embeddings():
     tied = make(True)
     retie_output_head(tied)
     assert calls == ["tie", "prepare"] and tied.lm_head.weight == "new embedding"
+
+
+def test_sampler_precision_line_and_auto_dtype_follow_the_trainer():
+    import torch
+
+    from meds_cli.engine.rollout.vllm_engine import engine_dtype, sampler_precision_line, trainer_compute_dtype
+
+    # bf16 autocast computes in bfloat16 whatever the weights; without autocast, in the weights' dtype
+    assert trainer_compute_dtype("bf16", torch.float32) == "bfloat16"
+    assert trainer_compute_dtype("no", torch.float32) == "float32"
+    assert trainer_compute_dtype(None, torch.float16) == "float16"
+    assert engine_dtype("auto", "bfloat16") == "bfloat16" and engine_dtype("float32", "bfloat16") == "float32"
+    assert sampler_precision_line("vllm", "float32", "float32") is None
+    line = sampler_precision_line("vllm", "float32", "bfloat16")
+    assert "\n" not in line and "computes in float32, the trainer in bfloat16" in line

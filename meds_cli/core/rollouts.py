@@ -35,6 +35,7 @@ class Rollouts:
     sampler_logp: torch.Tensor | None = None  # [B, R], the rollout engine's own log-probs, where it gives them
     # per response [its tokens, L]: logit-lens values the engine recorded (SamplingSettings.lens)
     sampler_lens: list[torch.Tensor] | None = None
+    sampler_version: torch.Tensor | None = None  # [B] long: the policy version that sampled each response, where known
     verdicts: list[Verdict] = field(default_factory=list)  # grader's view; label-free algorithms never read it
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # each [B]
     rewards: torch.Tensor | None = None  # [B], after shaping

@@ -27,6 +27,7 @@ from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.engine.rollout.engines import check_engine_settings
+from meds_cli.engine.rollout.hf_worker import WorkerConfig
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig
 from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import truncation_of_sampler
@@ -127,13 +128,18 @@ class RolloutConfig:
     min_new_tokens: int = doc(0, "stop tokens are held back before this many tokens (min = max forces equal lengths, "
                                  "for benchmarks)", at_least(0))
     generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine", at_least(1))
-    engine: str = doc("hf", "rollout engine: hf (the training model itself), vllm (colocated vLLM; needs the vllm "
-                      "package, `make setup-vllm` on CPU), auto (vllm where it is installed and a GPU is present); "
-                      "the names are those of the engine registry (meds_cli/engine/rollout/engines.py)")
+    engine: str = doc("hf", "rollout engine: hf (the training model itself), hf-worker (the hf engine in a worker "
+                      "process of its own), vllm (colocated vLLM; needs the vllm package, `make setup-vllm` on CPU), "
+                      "auto (vllm where it is installed and a GPU is present); the names are those of the engine "
+                      "registry (meds_cli/engine/rollout/engines.py)")
+    max_staleness: int = doc(0, "k: with an engine that runs apart from the trainer (hf-worker), the next k steps' "
+                                "rollouts are sampled while this step trains, from weights at most k steps old "
+                                "(0: synchronous)", at_least(0))
     is_correction: str = choice("none", ["none", "tis"], "importance-sampling correction against the engine's own "
                                 "log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap)")
     tis_cap: float = doc(2.0, "cap of the truncated importance weight", FINITE_POSITIVE)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     def validate(self, prefix: str) -> None:
         require(self.min_new_tokens <= self.max_new_tokens,

@@ -7,11 +7,20 @@
   update      the policy's optimizer steps over the batch (engine/training/update.py)
   sync        the engine takes the new weights (inside the update: engine.policy_updated)
   log         the step's metrics, averaged over processes, into metrics.jsonl and the trackers
+              (with an engine apart: the rollouts' staleness, the waiting and the overlap)
   checkpoint  every train.checkpoint_every steps, at the end and on Ctrl-C (run_folders/checkpoints.py)
 
 Accelerate owns devices, mixed precision and process groups; peft owns the adapter. The loop
 calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs. What
 it works with is built once, in order, by engine/trainer_parts.py.
+
+Off-policy steps (`rollout.max_staleness: k` >= 1, an engine that runs apart from the trainer):
+each step first submits the first sampling round of each of the next k steps (the prompts and
+per-sample seeds those steps will draw, with the weights of now), so that the engine samples
+them while this step trains; a step then asks for its round as always and gets the rollouts
+sampled meanwhile (engine/rollout/pipeline.py). Steps still consume rollouts in the order they
+were sampled, so algorithms with state (MEDS's memory, EDAS's warm-up) see that order; DAPO's
+extra rounds are sampled when asked, through the same engine, from the newest weights.
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of
@@ -25,8 +34,12 @@ import signal
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks.tasks import PromptSampler
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.batch import sample_requests, sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.pipeline import RolloutPipeline, staleness
 from meds_cli.engine.rollout.quick_eval import held_out_accuracy
 from meds_cli.engine.run_folders import checkpoints
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
@@ -81,9 +94,20 @@ class Trainer:
         seed_everything(step_seed(self.cfg.train.seed, step, self.rank))  # a resume samples the same
         timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
         t_start = time.perf_counter()
+        t_window = time.monotonic()  # the pipeline's clock, for the overlap with the engine apart
+        pipeline = self.engine if isinstance(self.engine, RolloutPipeline) else None
+        if pipeline is not None and pipeline.max_staleness:
+            self._prefetch(pipeline, step, pipeline.max_staleness + 1)
         batch, sampled, info = self.collect(timing)  # sampled, rewarded, shaped, with advantages
         t_train = time.perf_counter()
         row = {"step": step, **info, **rollout_metrics(sampled)}
+        if pipeline is not None:
+            pipeline.forget_through(step)
+            if pipeline.max_staleness and info["generation_rounds"] > 1:
+                # extra rounds (DAPO) moved the prompts: what was planned for the next steps misses
+                pipeline.forget_through(self.cfg.train.steps)
+                self._prefetch(pipeline, step + 1, pipeline.max_staleness)
+            row.update(staleness_metrics(sampled, step - 1))
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did; syncs the engine
@@ -93,6 +117,8 @@ class Trainer:
             row.update(self.algorithm.step_metrics(batch))
         else:
             row["skipped_update"] = 1.0  # a process kept no group, so no process updates
+        if pipeline is not None:
+            pipeline.finish_update(step)  # the weights are version `step`, sent with the next job
         if should_log_samples(step, self.cfg.train.log_samples_every) and self.acc.is_main_process:
             record_samples(self.run_dir, step, batch if batch is not None else sampled,
                            self.cfg.train.log_samples_prompts, self.tracker)
@@ -101,6 +127,8 @@ class Trainer:
         timing["time_step_s"] = time.perf_counter() - t_start
         timing["tokens_per_s"] = timing["generated_tokens"] / max(timing["time_generate_s"], 1e-9)
         row.update({k: v for k, v in timing.items() if k != "generated_tokens"})
+        if pipeline is not None:
+            row.update(pipeline.step_metrics((t_window, time.monotonic())))
         self.step = step
         if self.cfg.eval.every and step % self.cfg.eval.every == 0:
             row.update(self.quick_eval())
@@ -135,7 +163,14 @@ class Trainer:
         finally:
             signal.signal(signal.SIGINT, previous)
             self.tracker.end()
+            self.close()
         return rows
+
+    def close(self) -> None:
+        """Stop an engine that runs apart (its worker or server); nothing for one in this process."""
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
 
     # ------------------------------------------------------------ collect and score
 
@@ -183,6 +218,30 @@ class Trainer:
         reward_rollouts(batch, problems, prompts, cfg.rollout.group_size, self.task, self.algorithm,
                         self.reward_functions)
         return batch
+
+    def _prefetch(self, pipeline: RolloutPipeline, first: int, count: int) -> None:
+        """Submit the first round of the `count` steps from `first` on not yet submitted, `first`
+        being the step the prompt sampler stands at (module docstring)."""
+        settings = sampling_settings(self.cfg.rollout, self.tokenizer)
+        for ahead in range(count):
+            planned = first + ahead
+            if planned > self.cfg.train.steps:
+                break
+            if planned not in pipeline.prefetched_steps():
+                pipeline.prefetch(self._planned_requests(planned, ahead), settings, planned)
+
+    def _planned_requests(self, step: int, ahead: int):
+        """The requests of step `step`'s first round, `ahead` steps from now, as that step will draw
+        them: the prompts the sampler gives then (one round per step before it) and the seeds
+        sample_rollouts draws first from that step's seed."""
+        cfg = self.cfg
+        per_step = cfg.rollout.prompts_per_step
+        order = PromptSampler(self.sampler.size, self.sampler.seed, self.sampler.position + ahead * per_step)
+        problems = [self.task.train[i] for i in order.take(per_step)[self.rank::self.world]]
+        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
+        generator = torch.Generator().manual_seed(step_seed(cfg.train.seed, step, self.rank))
+        seeds = torch.randint(0, 2**62, (len(prompts), cfg.rollout.group_size), generator=generator).tolist()
+        return sample_requests(self.tokenizer, prompts, seeds)
 
     def _gathered_for_engine(self):
         """Under FSDP2, the whole policy gathered for an engine that samples from the training model
@@ -263,3 +322,13 @@ class Trainer:
         if self.acc.is_main_process:
             self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
+        if isinstance(self.engine, RolloutPipeline):
+            self.engine.finish_update(self.step)  # an engine apart is sent them as version `step`
+
+
+def staleness_metrics(sampled, version: int) -> dict[str, float]:
+    """How many steps behind `version` (the weights this step trains) the step's rollouts were sampled."""
+    if sampled.sampler_version is None or sampled.size == 0:
+        return {}
+    behind = staleness(sampled.sampler_version.tolist(), version)
+    return {"rollout/staleness_mean": sum(behind) / len(behind), "rollout/staleness_max": float(max(behind))}

@@ -137,7 +137,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
     engine = make_engine(cfg, unwrapped, tokenizer,
                          scratch_dir=run_dir / "scratch",  # shared: process 0 writes there
-                         processes=world, rank=rank, task=task)
+                         processes=world, rank=rank, task=task, autocast=acc.mixed_precision)
     # What the algorithm reads besides the update's forward, asked once: the scoring pass is
     # planned from it, and lens values the engine records while sampling (MEDS's logit lens
     # with the hf engine) stand in for the pass where the algorithm asks for them.

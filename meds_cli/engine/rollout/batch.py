@@ -102,4 +102,6 @@ def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples:
         response_texts=decode_responses(tokenizer, [s for _, s in rows], stop_ids),
         truncated=torch.tensor([not s.stopped for _, s in rows]), sampler_logp=sampler_logp,
         sampler_lens=[s.lens for _, s in rows] if all(s.lens is not None for _, s in rows) else None,
+        sampler_version=(torch.tensor([s.policy_version for _, s in rows], dtype=torch.long)
+                         if rows and all(s.policy_version is not None for _, s in rows) else None),
     )

@@ -9,7 +9,7 @@ the first registered engine that prefers this machine, else `hf`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,12 +17,17 @@ from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.registry import Registry
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
 from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.hf_worker import HFWorkerEngine, parse_cores
+from meds_cli.engine.rollout.pipeline import RolloutPipeline
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine
 from meds_cli.engine.rollout.vllm_engine import (
     VLLMEngine,
     check_vllm_settings,
+    engine_dtype,
+    sampler_precision_line,
     say_on_stderr,
     tensor_parallel_gather,
+    trainer_compute_dtype,
     vllm_available,
 )
 
@@ -37,8 +42,12 @@ class EngineKind:
     unavailable()  why it cannot run on this machine, or None when it can
     preferred()    `auto` picks it here
     check(cfg)     raises UserError for settings of the run config the engine would refuse
-    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=, task=) -> RolloutEngine
+    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=, task=, autocast=) -> RolloutEngine
+                   (autocast: the accelerator's mixed_precision), or, for an engine that runs apart,
+                   a pipeline.SeparateEngine, which make_engine puts behind a RolloutPipeline
     for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
+    runs_apart     it samples in a process or server of its own, so rollout.max_staleness >= 1 can
+                   overlap its sampling with the update (engine/rollout/pipeline.py)
     """
 
     unavailable: Callable[[], str | None]
@@ -46,6 +55,7 @@ class EngineKind:
     check: Callable[[object], None]
     for_training: Callable[..., RolloutEngine]
     for_eval: Callable[..., object]
+    runs_apart: bool = False
 
 
 ROLLOUT_ENGINES: Registry[EngineKind] = Registry("rollout engine")
@@ -81,15 +91,25 @@ def check_engine_settings(cfg) -> None:
     refuse. Whether the engine can run at all is asked when it is built, not here."""
     name = cfg.rollout.engine
     check_engine_name(name)
-    ROLLOUT_ENGINES.get(resolve_engine(AUTO) if name == AUTO else name).check(cfg)
+    resolved = resolve_engine(AUTO) if name == AUTO else name
+    kind = ROLLOUT_ENGINES.get(resolved)
+    if cfg.rollout.max_staleness and not kind.runs_apart:
+        apart = [n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.get(n).runs_apart]
+        raise UserError(f"rollout.max_staleness={cfg.rollout.max_staleness} overlaps sampling with the update, which "
+                        f"needs an engine that runs apart from the trainer; rollout.engine={resolved} runs in the "
+                        f"trainer's process: use {' or '.join(apart)}, or max_staleness=0")
+    kind.check(cfg)
 
 
-def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0) -> RolloutEngine:
+def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                autocast: str = "no") -> RolloutEngine:
     """The rollout engine of `rollout.engine` for the training model `model` (unwrapped); `task`:
-    the run's task, whose prompts size what an engine reserves."""
+    the run's task, whose prompts size what an engine reserves; `autocast`: the trainer's mixed
+    precision. An engine that runs apart comes behind a RolloutPipeline (rollout.max_staleness)."""
     kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
-    return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
-                             task=task)
+    engine = kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
+                               task=task, autocast=autocast)
+    return RolloutPipeline(engine, cfg.rollout.max_staleness) if kind.runs_apart else engine
 
 
 def resolve_backend(name: str) -> str:
@@ -117,6 +137,24 @@ def _hf_for_eval(spec: ModelSpec, settings):
 ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in this process")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
     for_training=_hf_for_training, for_eval=_hf_for_eval))
+
+
+# ---------------------------------------------------------------- hf-worker
+
+
+def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, autocast: str = "no",
+                            **_):
+    if processes > 1:
+        raise UserError("rollout.engine=hf-worker runs with one training process for now (several have not been "
+                        "tried); use rollout.engine=hf or one process")
+    return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size, scratch_dir=scratch_dir,
+                          autocast=autocast, cores=parse_cores(cfg.rollout.worker.cores))
+
+
+ROLLOUT_ENGINES.register("hf-worker", "the hf engine's decode loop in a worker process of its own, sent the "
+                                      "trained weights after each step")(EngineKind(
+    unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
+    for_training=_hf_worker_for_training, for_eval=_hf_for_eval, runs_apart=True))
 
 
 # ---------------------------------------------------------------- vllm
@@ -151,12 +189,17 @@ def _vllm_model_len(cfg, tokenizer, task) -> int:
     return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
 
 
-def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0):
+def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                       autocast: str = "no", **_):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
     if cfg.model.name == TINY:
         raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
-    options = cfg.rollout.vllm
+    trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
+    options = replace(cfg.rollout.vllm, dtype=engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype))
+    line = sampler_precision_line("vllm", options.dtype, trainer_dtype)
+    if line and rank == 0:
+        say_on_stderr(line)
     tp = options.tensor_parallel_size
     scratch_dir.mkdir(parents=True, exist_ok=True)
     # The processes of one tensor-parallel group run one engine between them: one seed per group.

@@ -55,6 +55,7 @@ class Sample:
     stopped: bool  # ended on a stop id (False: cut at max_new_tokens)
     logprobs: list[float] | None = field(default=None)  # the sampler's log-prob of each token, where it has them
     lens: Any = field(default=None)  # torch.Tensor [tokens, len(layers)] of settings.lens, where recorded
+    policy_version: int | None = field(default=None)  # the policy version that sampled it (engines apart: pipeline.py)
 
 
 class RolloutEngine(Protocol):

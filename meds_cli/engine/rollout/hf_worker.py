@@ -1,0 +1,224 @@
+"""The `hf-worker` rollout engine: the `hf` engine's decode loop in a worker process of its own,
+with its own copy of the policy, so that sampling can overlap the trainer's update
+(`rollout.max_staleness`, engine/rollout/pipeline.py) without vLLM.
+
+The worker is started (spawned) with the trainer's model as it is when the engine is built
+(saved once under the run's scratch folder, read and deleted by the worker): the same module,
+adapter and weights, so version 0 needs no push. After each training step the trainer sends the
+parameters it trains (the adapter with LoRA, every weight without), copied so that the update
+after the push cannot reach them; the worker loads them before its next job. Jobs and weights go
+through one queue, so the worker sees them in the order they were sent: a job samples from the
+newest weights sent before it.
+
+It decodes under the trainer's autocast (`autocast`: the accelerator's mixed_precision) on
+`rollout.worker.cores` where given (its torch threads: one per core), else on the trainer's
+thread count; the same seeds then give the same tokens as the colocated `hf` engine.
+A worker that dies ends the run in one line (WorkerGone).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from meds_cli.core.fields import Check, doc
+from meds_cli.engine.rollout.pipeline import JobResult, RolloutEngineGone
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.weight_sync import full_tensor
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+POLL_S = 0.2  # how often a wait looks whether the worker still lives
+
+
+def _cores_valid(text: str) -> bool:
+    try:
+        parse_cores(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class WorkerConfig:
+    """The `rollout.worker` config section (the hf-worker engine)."""
+
+    cores: str | int = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the "
+                               "trainer's, with its thread count)",
+                           Check(_cores_valid, "a list of CPU numbers such as 1 or 0,2 or 2-5"))
+
+
+def parse_cores(text: str) -> list[int]:
+    """CPU numbers from '1', '0,2' or '2-5' (taskset's list form); [] for ''."""
+    cores: list[int] = []
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        first, _, last = part.partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def trained_weights(model) -> dict[str, torch.Tensor]:
+    """The parameters the optimizer changes, as CPU copies (full tensors under FSDP2)."""
+    return {name: full_tensor(p).cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: str, threads: int,
+                 cores: list[int], jobs, results) -> None:
+    """The worker process: load the model, then serve weights and jobs in order until told to stop."""
+    from contextlib import nullcontext
+
+    from meds_cli.engine.rollout.hf_sampler import HFEngine
+
+    try:
+        if cores:
+            os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)
+        model = torch.load(model_path, weights_only=False)
+        os.remove(model_path)
+        model.eval()
+        engine = HFEngine(model, pad_token_id, batch_size)
+        device = next(model.parameters()).device.type
+        dtype = AUTOCAST_DTYPES.get(autocast)
+        version = 0
+        results.put(("ready", os.getpid()))
+        params = dict(model.named_parameters())
+        while True:
+            message = jobs.get()
+            if message[0] == "stop":
+                return
+            if message[0] == "weights":
+                _, version, weights = message
+                with torch.no_grad():
+                    for name, tensor in weights.items():
+                        params[name].copy_(tensor)
+                continue
+            _, ticket, requests, settings = message
+            started = time.monotonic()
+            results.put(("started", ticket, started))
+            with torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext():
+                samples = engine.generate(requests, settings)
+            results.put(("done", ticket, samples, version, started, time.monotonic()))
+    except Exception as err:  # said by the trainer in one line; the traceback is the worker's stderr
+        import traceback
+
+        traceback.print_exc()
+        results.put(("error", f"{type(err).__name__}: {err}"))
+
+
+class HFWorkerEngine:
+    """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py)."""
+
+    name = "hf-worker"
+    records_lens = False
+    reads_policy_weights = False
+    starts_with_policy = True  # spawned with the trainer's model: version 0 is there
+
+    def __init__(self, model, pad_token_id: int, batch_size: int, *, scratch_dir: Path, autocast: str = "no",
+                 cores: Sequence[int] = (), start_timeout_s: float = 300.0):
+        import torch.multiprocessing as mp
+
+        self.model = model
+        scratch_dir = Path(scratch_dir)
+        scratch_dir.mkdir(parents=True, exist_ok=True)
+        model_path = scratch_dir / f"hf-worker-model-{os.getpid()}.pt"
+        torch.save(model, model_path)  # the module itself: architecture, adapter and weights
+        context = mp.get_context("spawn")
+        self.jobs, self.results = context.Queue(), context.Queue()
+        threads = len(cores) if cores else torch.get_num_threads()
+        self.process = context.Process(
+            target=_worker_main, daemon=True, name="meds-hf-worker",
+            args=(str(model_path), pad_token_id, batch_size, autocast, threads, list(cores), self.jobs, self.results))
+        self.process.start()
+        self.tickets = 0
+        self.done: dict[int, tuple] = {}
+        self.forgotten: set[int] = set()
+        self.times: dict[int, list] = {}  # ticket -> [started, ended or None]
+        message = self._next_message(timeout_s=start_timeout_s, doing="starting")
+        if message[0] != "ready":
+            raise RuntimeError(f"the rollout worker said {message!r} before it was ready")
+        model_path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ SeparateEngine
+
+    def push_policy(self, version: int) -> None:
+        self._check_alive("receiving weights")
+        self.jobs.put(("weights", version, trained_weights(self.model)))
+
+    def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
+        self._check_alive("taking a job")
+        self.tickets += 1
+        self.jobs.put(("generate", self.tickets, list(requests), settings))
+        return self.tickets
+
+    def result(self, ticket: int) -> JobResult:
+        while ticket not in self.done:
+            self._take(self._next_message(timeout_s=None, doing="sampling"))
+        _, _, samples, version, started, ended = self.done.pop(ticket)
+        return JobResult(samples, version, started, ended)
+
+    def job_times(self, since: float) -> list[tuple[float, float | None]]:
+        while True:  # what the worker said so far, without waiting
+            try:
+                message = self.results.get_nowait()
+            except queue.Empty:
+                break
+            self._take(message)
+        self.times = {t: span for t, span in self.times.items() if span[1] is None or span[1] > since}
+        return [(a, b) for a, b in self.times.values()]
+
+    def forget(self, ticket: int) -> None:
+        self.done.pop(ticket, None)
+        self.forgotten.add(ticket)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.jobs.put(("stop",))
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+
+    # ------------------------------------------------------------ internals
+
+    def _take(self, message: tuple) -> None:
+        if message[0] == "started":
+            self.times[message[1]] = [message[2], None]
+        elif message[0] == "done":
+            self.times[message[1]] = [message[4], message[5]]
+            if message[1] not in self.forgotten:
+                self.done[message[1]] = message
+        elif message[0] == "error":
+            raise RolloutEngineGone(f"{self._describe()} failed: {message[1]}; the run stops here, its last "
+                                    f"checkpoint kept")
+
+    def _describe(self) -> str:
+        return f"the rollout worker (hf-worker, pid {self.process.pid})"
+
+    def _check_alive(self, doing: str) -> None:
+        if not self.process.is_alive():
+            raise RolloutEngineGone(f"{self._describe()} died (exit code {self.process.exitcode}) before {doing}; "
+                                    f"the run stops here, its last checkpoint kept")
+
+    def _next_message(self, *, timeout_s: float | None, doing: str) -> tuple:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                message = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RolloutEngineGone(
+                        f"{self._describe()} died (exit code {self.process.exitcode}) while {doing}; "
+                        f"the run stops here, its last checkpoint kept") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    self.close()
+                    raise RolloutEngineGone(f"{self._describe()} was not ready after {timeout_s:g} s") from None
+                continue
+            if message[0] == "error":
+                raise RolloutEngineGone(f"{self._describe()} failed while {doing}: {message[1]}; "
+                                        f"the run stops here, its last checkpoint kept")
+            return message

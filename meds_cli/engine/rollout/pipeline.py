@@ -1,0 +1,235 @@
+"""Rollouts from an engine that runs apart from the trainer (the `hf-worker` process, a vLLM
+server), and the bounded off-policy steps that let its sampling overlap the trainer's update
+(`rollout.max_staleness: k`).
+
+An engine apart (`SeparateEngine`) takes jobs without blocking: `submit` queues a batch of
+requests and returns a ticket, `result` waits for it, `push_policy` sends it the trainer's weights
+as policy version v (the training steps whose update it holds). It samples its jobs in the order
+they were submitted, each from the newest weights it had when the job began, and says which
+version that was and when it ran.
+
+`RolloutPipeline` puts one in front of the trainer as an ordinary rollout engine
+(sampling_engine.RolloutEngine: `generate` waits for its requests' result), plus `prefetch`:
+with k >= 1 the trainer submits the first sampling round of each of the next k steps before it
+updates (the same prompts and per-sample seeds those steps would draw: trainer.py), and when a
+step asks for exactly those requests `generate` returns the job sampled meanwhile. A step t
+trains on weights of version t - 1; a rollout sampled from version v is (t - 1) - v steps stale,
+at most k by construction (a prefetched job is submitted at step t with version t - 1 already
+pushed, for a step at most t + k), and a job staler than k would be sampled again, never trained on.
+At k = 0 nothing is prefetched: every generate pushes the newest weights first and waits, the
+synchronous run of today.
+
+Every sample records the version that sampled it (Sample.policy_version, then
+Rollouts.sampler_version). Per step the pipeline reports the time the trainer waited for
+rollouts, the time the sampler sat idle (between jobs: waiting for work or for weights), and the
+share of the step during which both computed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Protocol, Sequence
+
+from meds_cli.core.errors import UserError
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+
+
+class RolloutEngineGone(UserError):
+    """The engine apart died or never became ready: the run ends in this one line (after the last
+    checkpoint, which stays as it was)."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What an engine apart returns for one job: the samples per request (sampling_engine's
+    layout), the policy version it sampled from and when it ran (time.monotonic, the same clock
+    in every process of the machine; a remote server's job is timed by the client)."""
+
+    samples: list[list[Sample]]
+    version: int
+    started: float
+    ended: float
+
+
+class SeparateEngine(Protocol):
+    """A rollout engine that runs apart from the trainer (see the module docstring)."""
+
+    name: str
+    records_lens: bool
+    reads_policy_weights: bool  # False: it is sent the weights
+
+    def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> object: ...
+
+    def result(self, ticket) -> JobResult: ...
+
+    def push_policy(self, version: int) -> None: ...
+
+    def forget(self, ticket) -> None: ...  # its result is not wanted (a prefetch no step asked for)
+
+    # (started, ended or None while it runs) of every job that ran after `since`, as known now
+    def job_times(self, since: float) -> list[tuple[float, float | None]]: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- pure functions (tested by hand)
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals joined where they overlap or touch, sorted; empty ones dropped."""
+    out: list[list[float]] = []
+    for start, end in sorted((a, b) for a, b in intervals if b > a):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def covered(intervals: list[tuple[float, float]], window: tuple[float, float]) -> float:
+    """Seconds of `window` that `intervals` cover (each counted once)."""
+    lo, hi = window
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged(intervals))
+
+
+def overlap_share(sampler_busy: list[tuple[float, float]], trainer_waiting: list[tuple[float, float]],
+                  window: tuple[float, float]) -> float:
+    """The share of `window` (a step) during which the sampler computed while the trainer did
+    not wait for it: |sampler busy within the step| - |sampler busy while the trainer waited|,
+    over the step's length. (While the trainer waits for a job, it is idle, so a job it waits for
+    does not overlap training.)"""
+    length = window[1] - window[0]
+    if length <= 0:
+        return 0.0
+    busy = merged(sampler_busy)
+    both = covered(busy, window) - sum(covered(busy, (max(a, window[0]), min(b, window[1])))
+                                       for a, b in merged(trainer_waiting) if b > a)
+    return max(0.0, both) / length
+
+
+def idle_between(jobs: list[tuple[float, float]], window: tuple[float, float]) -> float:
+    """Seconds of `window` after the first job began during which the sampler ran no job: the
+    time it waited for work or weights (before its first job it had nothing to wait for)."""
+    busy = merged(jobs)
+    if not busy:
+        return 0.0
+    start = max(window[0], busy[0][0])
+    if window[1] <= start:
+        return 0.0
+    return (window[1] - start) - covered(busy, (start, window[1]))
+
+
+def staleness(versions: Sequence[int], current: int) -> list[int]:
+    """Steps each rollout's policy is behind `current` (the version the trainer updates)."""
+    return [current - v for v in versions]
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class _Pending:
+    key: tuple
+    ticket: object
+    step: int  # the step it was sampled for
+
+
+class RolloutPipeline:
+    """An engine apart as the trainer's rollout engine (see the module docstring)."""
+
+    records_lens = False  # a LensProbe holds hooks on the trainer's model: not sent to another process
+
+    def __init__(self, engine: SeparateEngine, max_staleness: int = 0, clock=time.monotonic):
+        # `clock`: the engine's job times are on it (time.monotonic)
+        self.engine, self.max_staleness, self.clock = engine, max_staleness, clock
+        self.name = engine.name
+        self.reads_policy_weights = False
+        self.version = 0  # training steps whose update the trainer's weights hold
+        # the version the engine was last sent: 0 where it starts from the trainer's initial weights
+        # (the hf worker is handed the model), else -1: sent before its first job
+        self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1
+        self.pending: list[_Pending] = []
+        self.waits: list[tuple[float, float]] = []  # the trainer waiting for results, this step
+        self.sampled_again = 0
+
+    # ------------------------------------------------------------ the trainer's calls
+
+    def policy_updated(self) -> None:
+        """An optimizer step: the weights the engine holds are behind until `finish_update`."""
+
+    def finish_update(self, step: int) -> None:
+        """Step `step`'s update is done: the trainer's weights are version `step`."""
+        self.version = step
+
+    def release(self) -> None:
+        """Nothing to free: the engine holds no memory of the trainer's devices."""
+
+    def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
+        key = _key(requests, settings)
+        for index, pending in enumerate(self.pending):
+            if pending.key == key:
+                del self.pending[index]
+                result = self._wait(pending.ticket)
+                if self.version - result.version <= self.max_staleness:
+                    return result.samples
+                self.sampled_again += 1  # staler than allowed: never trained on
+                break
+        return self._wait(self._submit(requests, settings)).samples
+
+    def prefetch(self, requests: Sequence[SampleRequest], settings: SamplingSettings, step: int) -> None:
+        """Submit `requests` (the first round of step `step`) now; a later `generate` of the same
+        requests takes their result."""
+        if self.max_staleness < 1:
+            raise ValueError("prefetching needs rollout.max_staleness >= 1")
+        self.pending.append(_Pending(_key(requests, settings), self._submit(requests, settings), step))
+
+    def prefetched_steps(self) -> set[int]:
+        return {p.step for p in self.pending}
+
+    def forget_through(self, step: int) -> None:
+        """Drop what was prefetched for steps up to `step` and not asked for (a step that drew other
+        prompts than planned, as after DAPO's extra rounds): it is never trained on."""
+        for pending in [p for p in self.pending if p.step <= step]:
+            self.engine.forget(pending.ticket)
+            self.pending.remove(pending)
+
+    def step_metrics(self, window: tuple[float, float]) -> dict[str, float]:
+        """The step's waiting and overlap (the module docstring), then a fresh record for the next."""
+        jobs = [(a, window[1] if b is None else b) for a, b in self.engine.job_times(window[0])]
+        row = {
+            "time_wait_rollouts_s": sum(b - a for a, b in self.waits),
+            "time_sampler_idle_s": idle_between(jobs, window),
+            "overlap_share": overlap_share(jobs, self.waits, window),
+            "rollouts_in_flight": float(len(self.pending)),
+        }
+        if self.sampled_again:
+            row["rollouts_sampled_again"] = float(self.sampled_again)
+        self.waits, self.sampled_again = [], 0
+        return row
+
+    def close(self) -> None:
+        self.pending = []
+        self.engine.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _submit(self, requests, settings):
+        if self.pushed != self.version:
+            self.engine.push_policy(self.version)
+            self.pushed = self.version
+        return self.engine.submit(requests, replace(settings, lens=None))
+
+    def _wait(self, ticket) -> JobResult:
+        t0 = self.clock()
+        result = self.engine.result(ticket)
+        self.waits.append((t0, self.clock()))
+        for samples in result.samples:
+            for sample in samples:
+                sample.policy_version = result.version
+        return result
+
+
+def _key(requests: Sequence[SampleRequest], settings: SamplingSettings) -> tuple:
+    """What makes two asks the same job: every prompt, every seed and the sampling settings."""
+    return tuple(requests), replace(settings, lens=None)
