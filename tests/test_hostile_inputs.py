@@ -218,7 +218,7 @@ def test_a_disk_that_fills_up_mid_run_stops_it_resumably(small_disk):
 
 
 def test_a_disk_that_fills_up_mid_eval_keeps_the_samples_for_the_rerun(world, small_disk):
-    resize(small_disk, "8k")  # two pages: the eval's state file and part of its samples
+    resize(small_disk, "12k")  # three pages: the eval's lock, its state file and part of its samples
     rows = [{"problem": f"compute {i}+1", "answer": str(i + 1)} for i in range(12)]
     (world / "data12" / "math500").mkdir(parents=True, exist_ok=True)
     (world / "data12" / "math500" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
