@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from meds_cli.core import cpu_calibration
-from meds_cli.engine.training.sharding import make_accelerator
+from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 from tests.conftest import tiny_config
 
 out = Path(sys.argv[1])
@@ -31,3 +31,4 @@ cpu_calibration.native_bf16_unit = lambda environ=None, flags=None: ("AMX-BF16",
 accelerator = make_accelerator(tiny_config("train.mixed_precision=auto").train)
 (out / f"rank-{accelerator.process_index}.json").write_text(json.dumps(
     {"world": accelerator.num_processes, "mixed_precision": accelerator.mixed_precision, "timed": len(timed)}))
+close_process_group(accelerator)  # not at interpreter exit, where gloo's threads sometimes abort

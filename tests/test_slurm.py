@@ -192,3 +192,13 @@ def test_gpus_where_the_partition_has_none_is_one_line_for_train(tmp_path):
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "--gpus-per-node 8: partition 'debug' has no GPUs" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_an_ablation_folder_with_a_space_runs_through_a_real_sbatch(tmp_path):
+    """Issue 43: a space in the folder once ended in `sbatch: error: Invalid directive found in batch
+    script`; the #SBATCH values are quoted now, and Slurm reads them whole."""
+    folder = tmp_path / "my grid"
+    result = ablate(folder, "--launcher", "slurm", steps=1, features="logits")
+    assert result.exit_code == 0, result.output
+    assert (folder / "features-logits" / "eval" / "heldout" / "results.json").is_file()
+    assert list((folder / "features-logits").glob("slurm-*_0.out"))  # the log went where --output said
