@@ -168,9 +168,10 @@ class TrainConfig:
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)", at_least(0))
     micro_batch_size: int = doc(8, "sequences per forward/backward (gradient accumulation)", at_least(1))
-    micro_batch_tokens: int = doc(0, "tokens (prompt + response, as padded) per forward/backward: rows of similar "
-                                  "length grouped, each micro-batch cut to its own longest prompt and response; a "
-                                  "row longer than this runs alone (0: micro_batch_size rows at the batch's width)",
+    micro_batch_tokens: int = doc(0, "tokens (prompt + response) per forward/backward: rows of similar length "
+                                  "grouped; counted as they run, so real tokens when padding_free is on, else as "
+                                  "padded to the micro-batch's own longest prompt and response; a row longer than "
+                                  "this runs alone (0: micro_batch_size rows at the batch's width)",
                                   at_least(0))
     mixed_precision: str = choice("auto", MIXED_PRECISION, "autocast: auto = the `accelerate launch` value, else "
                                   "bf16 on a GPU, on a CPU bf16 where it has bf16 units and measured faster (a "
@@ -181,9 +182,11 @@ class TrainConfig:
                            "optimizer state split over processes (torch fully_shard)")
     logprob_chunk_tokens: int = doc(1024, "tokens whose logits [n, vocab] exist at once when log-probs are taken",
                                     at_least(1))
-    share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once and "
-                              "copy its keys and values to the rows of its group (gradients flow back through the "
-                              "copies): the same numbers up to rounding; not used with gradient_checkpointing or fsdp2")
+    share_prompts: bool = doc(True, "update and scoring forwards run each distinct prompt of a micro-batch once, "
+                              "the same numbers up to rounding: packed, under a prefix-sharing mask (sdpa, eager; "
+                              "also with gradient_checkpointing and fsdp2; flash attention repeats the prompt); "
+                              "padded, its keys and values copied to the rows of its group (not with "
+                              "gradient_checkpointing or fsdp2)")
     padding_free: str = choice("auto", PADDING_FREE_SETTINGS, "update and scoring forwards run real tokens only: the "
                                "rows of a micro-batch laid end to end, position ids restarting per sequence "
                                "(micro_batch_tokens then counts real tokens); auto: on where the model's attention "
