@@ -232,7 +232,7 @@ class StartedServer:
     def wait_healthy(self, timeout_s: float) -> None:
         try:
             wait_healthy(self.url, timeout_s, self.describe(), self.exit_code)
-        except RolloutEngineGone:
+        except BaseException:  # not healthy, or a Ctrl-C while waiting: nobody else holds it yet
             self.stop()
             raise
 
