@@ -122,7 +122,7 @@ def greedy_registered(monkeypatch):
 
 
 def test_a_registered_engine_serves_training_and_eval(tmp_path, greedy_registered):
-    assert engines.engine_names() == ["greedy", "hf", "hf-worker", "vllm", "auto"]
+    assert engines.engine_names() == ["greedy", "hf", "hf-worker", "vllm", "vllm-server", "auto"]
     trainer = Trainer(tiny_config("rollout.engine=greedy", "rollout.prompts_per_step=2", "rollout.group_size=4",
                                   output_dir=tmp_path), tmp_path)
     assert isinstance(trainer.engine, GreedyEngine)
@@ -139,5 +139,6 @@ def test_a_registered_engine_serves_training_and_eval(tmp_path, greedy_registere
 
 
 def test_an_engine_that_is_not_registered_is_refused_in_one_line():
-    with pytest.raises(UserError, match="unknown rollout.engine 'greedy'; accepted: hf, hf-worker, vllm, auto"):
+    with pytest.raises(UserError,
+                       match="unknown rollout.engine 'greedy'; accepted: hf, hf-worker, vllm, vllm-server, auto"):
         tiny_config("rollout.engine=greedy")

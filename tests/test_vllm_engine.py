@@ -246,7 +246,7 @@ def test_level_two_sleep_with_adapter_pushes_is_refused(tmp_path):
     ("rollout.vllm.sleep_level=3", "must be 0, 1 or 2"),
     ("rollout.vllm.tensor_parallel_size=0", "at least 1"),
     ("rollout.engine=vvlm",
-     "unknown rollout.engine 'vvlm' \\(did you mean 'vllm'\\?\\); accepted: hf, hf-worker, vllm, auto"),
+     "unknown rollout.engine 'vvlm' \\(did you mean 'vllm'\\?\\); accepted: hf, hf-worker, vllm, vllm-server, auto"),
     ("rollout.vllm.dtype=fp8", "accepted: bfloat16, float16, float32, auto"),
     ("rollout.vllm.max_model_len=-1", "at least 0"),
     ("rollout.is_correction=ppo", "accepted: none, tis"),
@@ -336,7 +336,7 @@ def test_merged_weights_of_a_plain_model_are_its_parameters():
 def test_engine_choice():
     assert resolve_engine("hf") == "hf"
     assert resolve_engine("auto") == "hf"  # no vllm and no GPU here
-    with pytest.raises(UserError, match="accepted: hf, hf-worker, vllm, auto"):
+    with pytest.raises(UserError, match="accepted: hf, hf-worker, vllm, vllm-server, auto"):
         resolve_engine("vvlm")
     if not vllm_available():
         with pytest.raises(UserError, match="rollout.engine=vllm needs the vllm package"):

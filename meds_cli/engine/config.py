@@ -29,6 +29,7 @@ from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.engine.rollout.engines import check_engine_settings
 from meds_cli.engine.rollout.hf_worker import WorkerConfig
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig
+from meds_cli.engine.rollout.vllm_server import ServerConfig
 from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.packing import PADDING_FREE_SETTINGS
@@ -130,16 +131,18 @@ class RolloutConfig:
     generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine", at_least(1))
     engine: str = doc("hf", "rollout engine: hf (the training model itself), hf-worker (the hf engine in a worker "
                       "process of its own), vllm (colocated vLLM; needs the vllm package, `make setup-vllm` on CPU), "
-                      "auto (vllm where it is installed and a GPU is present); the names are those of the engine "
-                      "registry (meds_cli/engine/rollout/engines.py)")
-    max_staleness: int = doc(0, "k: with an engine that runs apart from the trainer (hf-worker), the next k steps' "
-                                "rollouts are sampled while this step trains, from weights at most k steps old "
-                                "(0: synchronous)", at_least(0))
+                      "vllm-server (a `vllm serve` on devices of its own: rollout.server), auto (vllm where it is "
+                      "installed and a GPU is present); the names are those of the engine registry "
+                      "(meds_cli/engine/rollout/engines.py)")
+    max_staleness: int = doc(0, "k: with an engine that runs apart from the trainer (hf-worker, vllm-server), the "
+                                "next k steps' rollouts are sampled while this step trains, from weights at most k "
+                                "steps old (0: synchronous)", at_least(0))
     is_correction: str = choice("none", ["none", "tis"], "importance-sampling correction against the engine's own "
                                 "log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap)")
     tis_cap: float = doc(2.0, "cap of the truncated importance weight", FINITE_POSITIVE)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def validate(self, prefix: str) -> None:
         require(self.min_new_tokens <= self.max_new_tokens,

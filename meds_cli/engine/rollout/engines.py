@@ -213,3 +213,78 @@ def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proces
 ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent the policy after each update")(
     EngineKind(unavailable=_vllm_unavailable, preferred=cuda_available, check=_vllm_check,
                for_training=_vllm_for_training, for_eval=VLLMBackend))
+
+
+# ---------------------------------------------------------------- vllm-server
+
+
+def _server_check(cfg) -> None:
+    from meds_cli.engine.model_io.model import TINY
+
+    _vllm_check(cfg)
+    server = cfg.rollout.server
+    if not server.start and not server.url:
+        raise UserError("rollout.engine=vllm-server needs rollout.server.url (a server you started) or "
+                        "rollout.server.start=true (meds starts one)")
+    if not cfg.model.lora.enabled or cfg.rollout.vllm.sync != "adapter":
+        raise UserError("rollout.engine=vllm-server sends the policy as LoRA adapters only; full weights (no LoRA, or "
+                        "rollout.vllm.sync=merged) need vLLM's NCCL weight transfer between GPUs, not built yet: use "
+                        "model.lora.enabled=true with rollout.vllm.sync=adapter, or rollout.engine=vllm")
+    if server.start and cfg.model.name == TINY:
+        raise UserError("rollout.server.start cannot serve 'tiny-llama' (it is built in memory); use a model folder "
+                        "or rollout.engine=hf")
+
+
+def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                         autocast: str = "no", **_):
+    from meds_cli.engine.rollout.vllm_server import (
+        HOST,
+        StartedServer,
+        VLLMServerEngine,
+        parse_urls,
+        serve_command,
+        serve_environment,
+        wait_healthy,
+    )
+
+    if processes > 1:
+        raise UserError("rollout.engine=vllm-server runs with one training process for now (several have not been "
+                        "tried); use one process")
+    server = cfg.rollout.server
+    started = None
+    if server.start:
+        from meds_cli.engine.model_io.model import resolve_model
+
+        reason = _vllm_unavailable()
+        if reason:
+            raise UserError(f"rollout.server.start {reason}")
+        trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
+        dtype = engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype)
+        line = sampler_precision_line("vllm-server", dtype, trainer_dtype)
+        if line:
+            say_on_stderr(line)
+        argv = serve_command(resolve_model(cfg.model.name), port=server.port, options=cfg.rollout.vllm, dtype=dtype,
+                             seed=cfg.train.seed, lora_rank=cfg.model.lora.rank,
+                             model_len=_vllm_model_len(cfg, tokenizer, task), cores=parse_cores(server.cores))
+        started = StartedServer(argv, url=f"http://{HOST}:{server.port}",
+                                log_path=scratch_dir.parent / "vllm-server.log",
+                                env=serve_environment(server.gpus))
+        say_on_stderr(f"starting {started.describe()}")
+        started.wait_healthy(server.health_timeout_s)
+        urls = [started.url]
+    else:
+        urls = parse_urls(server.url)
+        for url in urls:
+            wait_healthy(url, server.health_timeout_s, f"the vLLM server at {url}")
+    return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
+                            request_timeout_s=server.request_timeout_s, concurrency=server.concurrency)
+
+
+def _server_for_eval(spec: ModelSpec, settings):
+    raise UserError("meds eval --backend vllm-server is not built yet; use --backend vllm or hf")
+
+
+ROLLOUT_ENGINES.register("vllm-server", "a vLLM server (`vllm serve`) on devices of its own, sent the LoRA adapter "
+                                        "after each step through its runtime LoRA routes")(EngineKind(
+    unavailable=lambda: None, preferred=lambda: False, check=_server_check,
+    for_training=_server_for_training, for_eval=_server_for_eval, runs_apart=True))

@@ -36,7 +36,7 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 POLL_S = 0.2  # how often a wait looks whether the worker still lives
 
 
-def _cores_valid(text: str) -> bool:
+def cores_valid(text: str) -> bool:
     try:
         parse_cores(text)
     except ValueError:
@@ -44,13 +44,15 @@ def _cores_valid(text: str) -> bool:
     return True
 
 
+CORES = Check(cores_valid, "a list of CPU numbers such as 1 or 0,2 or 2-5")
+
+
 @dataclass
 class WorkerConfig:
     """The `rollout.worker` config section (the hf-worker engine)."""
 
     cores: str | int = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the "
-                               "trainer's, with its thread count)",
-                           Check(_cores_valid, "a list of CPU numbers such as 1 or 0,2 or 2-5"))
+                               "trainer's, with its thread count)", CORES)
 
 
 def parse_cores(text: str) -> list[int]:

