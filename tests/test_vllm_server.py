@@ -77,6 +77,18 @@ def test_serve_command_has_the_colocated_engines_settings():
         assert part in text, part
 
 
+@pytest.mark.parametrize("settings, given", [([], "neither"),
+                                             (["rollout.server.url=http://127.0.0.1:1", "rollout.server.start=true"],
+                                              "both")])
+def test_the_server_is_either_connected_to_or_started_never_both_nor_neither(settings, given):
+    from meds_cli.core.errors import UserError
+    from meds_cli.engine.config import load_config
+
+    with pytest.raises(UserError) as error:
+        load_config(overrides=[*TINY_COPY, "rollout.engine=vllm-server", *settings])
+    assert "rollout.server.url" in str(error.value) and f"given: {given}" in str(error.value)
+
+
 # ---------------------------------------------------------------- in the trainer
 
 

@@ -142,11 +142,17 @@ ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in
 # ---------------------------------------------------------------- hf-worker
 
 
+def _one_training_process(engine: str, processes: int) -> None:
+    """An engine apart is tried with one training process only (several would each need their own
+    share of its requests and of the weight pushes)."""
+    if processes > 1:
+        raise UserError(f"rollout.engine={engine} runs with one training process for now (several have not been "
+                        "tried); use rollout.engine=hf or one process")
+
+
 def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, autocast: str = "no",
                             **_):
-    if processes > 1:
-        raise UserError("rollout.engine=hf-worker runs with one training process for now (several have not been "
-                        "tried); use rollout.engine=hf or one process")
+    _one_training_process("hf-worker", processes)
     return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size, scratch_dir=scratch_dir,
                           autocast=autocast, cores=parse_cores(cfg.rollout.worker.cores))
 
@@ -189,17 +195,24 @@ def _vllm_model_len(cfg, tokenizer, task) -> int:
     return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
 
 
+def _sampler_dtype(cfg, model, autocast: str, engine: str, *, say: bool = True) -> str:
+    """rollout.vllm.dtype as vLLM is given it (auto: what the trainer computes in), the start-up
+    line said where sampler and trainer differ."""
+    trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
+    dtype = engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype)
+    line = sampler_precision_line(engine, dtype, trainer_dtype)
+    if line and say:
+        say_on_stderr(line)
+    return dtype
+
+
 def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
                        autocast: str = "no", **_):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
     if cfg.model.name == TINY:
         raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
-    trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
-    options = replace(cfg.rollout.vllm, dtype=engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype))
-    line = sampler_precision_line("vllm", options.dtype, trainer_dtype)
-    if line and rank == 0:
-        say_on_stderr(line)
+    options = replace(cfg.rollout.vllm, dtype=_sampler_dtype(cfg, model, autocast, "vllm", say=rank == 0))
     tp = options.tensor_parallel_size
     scratch_dir.mkdir(parents=True, exist_ok=True)
     # The processes of one tensor-parallel group run one engine between them: one seed per group.
@@ -223,9 +236,9 @@ def _server_check(cfg) -> None:
 
     _vllm_check(cfg)
     server = cfg.rollout.server
-    if not server.start and not server.url:
-        raise UserError("rollout.engine=vllm-server needs rollout.server.url (a server you started) or "
-                        "rollout.server.start=true (meds starts one)")
+    if server.start == bool(server.url):
+        raise UserError("rollout.engine=vllm-server takes one of rollout.server.url (a server you started) and "
+                        f"rollout.server.start=true (meds starts one); given: {'both' if server.start else 'neither'}")
     if not cfg.model.lora.enabled or cfg.rollout.vllm.sync != "adapter":
         raise UserError("rollout.engine=vllm-server sends the policy as LoRA adapters only; full weights (no LoRA, or "
                         "rollout.vllm.sync=merged) need vLLM's NCCL weight transfer between GPUs, not built yet: use "
@@ -244,12 +257,11 @@ def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proc
         parse_urls,
         serve_command,
         serve_environment,
+        server_name,
         wait_healthy,
     )
 
-    if processes > 1:
-        raise UserError("rollout.engine=vllm-server runs with one training process for now (several have not been "
-                        "tried); use one process")
+    _one_training_process("vllm-server", processes)
     server = cfg.rollout.server
     started = None
     if server.start:
@@ -258,11 +270,7 @@ def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proc
         reason = _vllm_unavailable()
         if reason:
             raise UserError(f"rollout.server.start {reason}")
-        trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
-        dtype = engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype)
-        line = sampler_precision_line("vllm-server", dtype, trainer_dtype)
-        if line:
-            say_on_stderr(line)
+        dtype = _sampler_dtype(cfg, model, autocast, "vllm-server")
         argv = serve_command(resolve_model(cfg.model.name), port=server.port, options=cfg.rollout.vllm, dtype=dtype,
                              seed=cfg.train.seed, lora_rank=cfg.model.lora.rank,
                              model_len=_vllm_model_len(cfg, tokenizer, task), cores=parse_cores(server.cores))
@@ -275,7 +283,7 @@ def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proc
     else:
         urls = parse_urls(server.url)
         for url in urls:
-            wait_healthy(url, server.health_timeout_s, f"the vLLM server at {url}")
+            wait_healthy(url, server.health_timeout_s, server_name(url))
     return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
                             request_timeout_s=server.request_timeout_s, concurrency=server.concurrency)
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from meds_cli.core.fields import Check, doc
-from meds_cli.engine.rollout.pipeline import JobResult, RolloutEngineGone
+from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
 from meds_cli.engine.rollout.weight_sync import full_tensor
 
@@ -170,7 +170,7 @@ class HFWorkerEngine:
             except queue.Empty:
                 break
             self._take(message)
-        self.times = {t: span for t, span in self.times.items() if span[1] is None or span[1] > since}
+        self.times = spans_since(self.times, since)
         return [(a, b) for a, b in self.times.values()]
 
     def forget(self, ticket: int) -> None:
@@ -195,8 +195,7 @@ class HFWorkerEngine:
             if message[1] not in self.forgotten:
                 self.done[message[1]] = message
         elif message[0] == "error":
-            raise RolloutEngineGone(f"{self._describe()} failed: {message[1]}; the run stops here, its last "
-                                    f"checkpoint kept")
+            raise RolloutEngineGone(f"{self._describe()} failed: {message[1]}; {RUN_ENDS}")
 
     def _describe(self) -> str:
         return f"the rollout worker (hf-worker, pid {self.process.pid})"
@@ -204,7 +203,7 @@ class HFWorkerEngine:
     def _check_alive(self, doing: str) -> None:
         if not self.process.is_alive():
             raise RolloutEngineGone(f"{self._describe()} died (exit code {self.process.exitcode}) before {doing}; "
-                                    f"the run stops here, its last checkpoint kept")
+                                    f"{RUN_ENDS}")
 
     def _next_message(self, *, timeout_s: float | None, doing: str) -> tuple:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -215,12 +214,11 @@ class HFWorkerEngine:
                 if not self.process.is_alive():
                     raise RolloutEngineGone(
                         f"{self._describe()} died (exit code {self.process.exitcode}) while {doing}; "
-                        f"the run stops here, its last checkpoint kept") from None
+                        f"{RUN_ENDS}") from None
                 if deadline is not None and time.monotonic() > deadline:
                     self.close()
                     raise RolloutEngineGone(f"{self._describe()} was not ready after {timeout_s:g} s") from None
                 continue
             if message[0] == "error":
-                raise RolloutEngineGone(f"{self._describe()} failed while {doing}: {message[1]}; "
-                                        f"the run stops here, its last checkpoint kept")
+                raise RolloutEngineGone(f"{self._describe()} failed while {doing}: {message[1]}; {RUN_ENDS}")
             return message

@@ -34,6 +34,8 @@ from typing import Protocol, Sequence
 from meds_cli.core.errors import UserError
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
 
+RUN_ENDS = "the run stops here, its last checkpoint kept"  # how a RolloutEngineGone line ends
+
 
 class RolloutEngineGone(UserError):
     """The engine apart died or never became ready: the run ends in this one line (after the last
@@ -118,6 +120,12 @@ def idle_between(jobs: list[tuple[float, float]], window: tuple[float, float]) -
     if window[1] <= start:
         return 0.0
     return (window[1] - start) - covered(busy, (start, window[1]))
+
+
+def spans_since(spans: dict, since: float) -> dict:
+    """An engine's job spans ({ticket: [started, ended or None]}) still of interest to a step that
+    began at `since`: those running and those that ended after it."""
+    return {ticket: span for ticket, span in spans.items() if span[1] is None or span[1] > since}
 
 
 def staleness(versions: Sequence[int], current: int) -> list[int]:

@@ -55,13 +55,12 @@ from typing import Sequence
 
 from meds_cli.core.fields import Check, at_least, doc
 from meds_cli.engine.rollout.hf_worker import CORES
-from meds_cli.engine.rollout.pipeline import JobResult, RolloutEngineGone
+from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 
 HOST = "127.0.0.1"  # a server meds starts listens here only
 POLL_S = 0.2
 STOP_WAIT_S = 20.0
-ENDS = "the run stops here, its last checkpoint kept"
 
 
 def _urls_valid(text: str) -> bool:
@@ -88,16 +87,14 @@ class ServerConfig:
                                    Check(lambda v: v > 0, "greater than 0"))
     concurrency: int = doc(32, "requests in flight per server (vLLM batches those it holds)", at_least(1))
 
-    def validate(self, prefix: str) -> None:
-        from meds_cli.core.fields import require
-
-        require(not (self.start and self.url), f"{prefix}start=true starts a server, {prefix}url connects to one: "
-                                               f"give one of them")
-
 
 def parse_urls(text: str) -> list[str]:
     """The servers of rollout.server.url, without trailing slashes."""
     return [u.strip().rstrip("/") for u in str(text).split(",") if u.strip()]
+
+
+def server_name(url: str) -> str:
+    return f"the vLLM server at {url}"
 
 
 # ---------------------------------------------------------------- HTTP, as vLLM's routes speak it
@@ -105,6 +102,10 @@ def parse_urls(text: str) -> list[str]:
 
 class RouteError(Exception):
     """The server answered a route with an error status (vLLM's ErrorResponse JSON, or text)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status} {message}")
+        self.status = status
 
 
 def call(url: str, route: str, body: dict | None = None, timeout_s: float = 60.0):
@@ -117,7 +118,7 @@ def call(url: str, route: str, body: dict | None = None, timeout_s: float = 60.0
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             text = response.read().decode()
     except urllib.error.HTTPError as err:
-        raise RouteError(f"{err.code} {_error_text(err.read().decode(errors='replace'))}") from None
+        raise RouteError(err.code, _error_text(err.read().decode(errors='replace'))) from None
     try:
         return json.loads(text) if text else None
     except json.JSONDecodeError:
@@ -227,7 +228,7 @@ class StartedServer:
         atexit.register(self.stop)
 
     def describe(self) -> str:
-        return f"the vLLM server at {self.url} (log: {self.log_path})"
+        return f"{server_name(self.url)} (log: {self.log_path})"
 
     def exit_code(self) -> int | None:
         return self.process.poll()
@@ -255,6 +256,9 @@ class StartedServer:
 
 
 # ---------------------------------------------------------------- the engine
+
+
+ABSENT = object()  # what VLLMServerEngine._call gives for a route the server does not have (absent_ok)
 
 
 class VLLMServerEngine:
@@ -321,7 +325,7 @@ class VLLMServerEngine:
 
     def job_times(self, since: float) -> list[tuple[float, float | None]]:
         with self.lock:
-            self.times = {t: span for t, span in self.times.items() if span[1] is None or span[1] > since}
+            self.times = spans_since(self.times, since)
             return [(a, b) for a, b in self.times.values()]
 
     def close(self) -> None:
@@ -343,15 +347,9 @@ class VLLMServerEngine:
         previous = self.adapter
         for url in self.urls:
             self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
-            if self.tells_version:
-                try:
-                    call(url, "/update_weight_version", {"new_version": str(version)}, self.timeout_s)
-                except RouteError as err:
-                    if not str(err).startswith("404"):
-                        raise self._gone(url, f"refused /update_weight_version: {err}") from None
-                    self.tells_version = False
-                except OSError as err:
-                    raise self._gone(url, f"stopped answering ({type(err).__name__}: {err})") from None
+            if self.tells_version and self._call(url, "/update_weight_version", {"new_version": str(version)},
+                                                 absent_ok=True) is ABSENT:
+                self.tells_version = False
         self.adapter, self.version = name, version
         self.pushes.append(version)
         if previous is not None:
@@ -380,10 +378,13 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ failures, in one line
 
-    def _call(self, url: str, route: str, body: dict):
+    def _call(self, url: str, route: str, body: dict, *, absent_ok: bool = False):
+        """call(), its failures one line; `absent_ok`: a server without the route (404) gives ABSENT."""
         try:
             return call(url, route, body, self.timeout_s)
         except RouteError as err:
+            if absent_ok and err.status == 404:
+                return ABSENT
             raise self._gone(url, f"refused {route}: {err}") from None
         except OSError as err:
             raise self._gone(url, f"stopped answering {route} ({type(err).__name__}: {err})") from None
@@ -391,14 +392,14 @@ class VLLMServerEngine:
     def _describe(self, url: str) -> str:
         if self.server is not None and url == self.server.url:
             return self.server.describe()
-        return f"the vLLM server at {url}"
+        return server_name(url)
 
     def _gone(self, url: str, what: str) -> RolloutEngineGone:
         code = self.server.exit_code() if self.server is not None and url == self.server.url else None
         exited = f" (it exited with code {code})" if code is not None else ""
-        return RolloutEngineGone(f"{self._describe(url)} {what}{exited}; {ENDS}")
+        return RolloutEngineGone(f"{self._describe(url)} {what}{exited}; {RUN_ENDS}")
 
     def _check_server(self, doing: str) -> None:
-        if self.server is not None and self.server.exit_code() is not None:
-            raise RolloutEngineGone(f"{self.server.describe()} exited with code {self.server.exit_code()} "
-                                    f"before {doing}; {ENDS}")
+        code = self.server.exit_code() if self.server is not None else None
+        if code is not None:
+            raise RolloutEngineGone(f"{self.server.describe()} exited with code {code} before {doing}; {RUN_ENDS}")
