@@ -31,7 +31,7 @@ from meds_cli.engine.rollout.hf_worker import WorkerConfig
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig
 from meds_cli.engine.rollout.vllm_server import ServerConfig
 from meds_cli.engine.run_folders.trackers import parse_report_to
-from meds_cli.engine.training.importance import truncation_of_sampler
+from meds_cli.engine.training.importance import IS_CORRECTIONS, truncation_of_sampler
 from meds_cli.engine.training.packing import PADDING_FREE_SETTINGS
 from meds_cli.engine.training.precision import MIXED_PRECISION
 from meds_cli.engine.training.scoring import SCORING_SETTINGS
@@ -137,9 +137,12 @@ class RolloutConfig:
     max_staleness: int = doc(0, "k: with an engine that runs apart from the trainer (hf-worker, vllm-server), the "
                                 "next k steps' rollouts are sampled while this step trains, from weights at most k "
                                 "steps old (0: synchronous)", at_least(0))
-    is_correction: str = choice("none", ["none", "tis"], "importance-sampling correction against the engine's own "
-                                "log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap)")
-    tis_cap: float = doc(2.0, "cap of the truncated importance weight", FINITE_POSITIVE)
+    is_correction: str = choice("none", list(IS_CORRECTIONS), "importance-sampling correction against the engine's "
+                                "own log-probs: tis weights each token's loss by min(pi_old / pi_sampler, tis_cap); "
+                                "decoupled (AReaL's objective for stale rollouts, rollout.max_staleness) by "
+                                "pi_old / pi_sampler, leaving out tokens where that exceeds tis_cap")
+    tis_cap: float = doc(2.0, "cap of the importance weight pi_old / pi_sampler (tis: truncated at it; decoupled: "
+                              "tokens above it left out)", FINITE_POSITIVE)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)

@@ -10,11 +10,23 @@ brings you off-policy RL training") reweights each token's loss by
 
 so the update estimates the on-policy gradient, with the cap bounding the variance.
 
+The decoupled objective (Fu et al. 2025, AReaL, arXiv 2505.24298, eq. 5) reads the same factor
+for rollouts sampled by stale weights: the PPO ratio and its clip are taken against the
+proximal policy (pi_old here: the trainer's log-probs before the update, from the scoring pass),
+and the behaviour policy that sampled the tokens (the engine, possibly k versions old) enters
+only through the weight pi_prox / pi_behav. Where TIS truncates that weight at the cap, AReaL
+leaves the token out (weight 0; `behav_imp_weight_cap` in its ppo_actor_loss_fn), so a token
+the stale sampler drew far more readily than the current policy would contributes nothing
+rather than a capped amount; the loss's normaliser still counts it, as AReaL's does:
+
+    w = pi_old(y) / pi_sampler(y)  where that is <= cap, else 0      (no gradient through w)
+
 Metrics, on the response tokens (mask), with d = log pi_old(y) - log pi_sampler(y):
   logp_abs_diff   mean |d|
   kl_k1           mean -d            (unbiased estimate of KL(sampler || trainer))
   kl_k3           mean e^d - 1 - d   (Schulman's k3: unbiased, never negative, lower variance)
-  tis_capped      share of tokens whose ratio e^d exceeds the cap
+  tis_capped      share of tokens whose ratio e^d exceeds the cap (tis: truncated there;
+                  decoupled: left out)
 
 Both compare like with like only when the sampler's log-probs are those of the full softmax at
 the temperature, as the trainer's are. Under nucleus sampling (top_p < 1) or with stop tokens
@@ -28,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-IS_CORRECTIONS = ("none", "tis")
+IS_CORRECTIONS = ("none", "tis", "decoupled")
 
 
 def truncation_of_sampler(top_p: float, min_new_tokens: int) -> str | None:
@@ -44,6 +56,13 @@ def tis_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: flo
     return (trainer_logp.detach() - sampler_logp.detach()).exp().clamp(max=cap)
 
 
+def decoupled_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Per-token behaviour weight exp(trainer_logp - sampler_logp) of the decoupled objective, 0
+    where it exceeds `cap` (AReaL's filter), detached."""
+    ratio = (trainer_logp.detach() - sampler_logp.detach()).exp()
+    return torch.where(ratio <= cap, ratio, torch.zeros_like(ratio))
+
+
 def is_correction_weights(mode: str, trainer_logp: torch.Tensor, sampler_logp: torch.Tensor | None,
                           cap: float) -> torch.Tensor | None:
     """The factor the per-token loss is multiplied by (None: no correction). The hook the loss
@@ -52,6 +71,8 @@ def is_correction_weights(mode: str, trainer_logp: torch.Tensor, sampler_logp: t
         return None
     if mode == "tis":
         return tis_weights(trainer_logp, sampler_logp, cap)
+    if mode == "decoupled":
+        return decoupled_weights(trainer_logp, sampler_logp, cap)
     raise ValueError(f"unknown importance-sampling correction '{mode}'")
 
 
