@@ -39,7 +39,8 @@ def test_decoupled_weights_are_the_ratio_and_zero_above_the_cap():
         [0.0, 0.3678794, 1.0, 0.0], rel=1e-6)
     assert tis_weights(trainer, sampler, cap=2.0).tolist()[0][3] == pytest.approx(2.0)
     assert not decoupled_weights(trainer.requires_grad_(), sampler, 2.0).requires_grad
-    assert torch.equal(is_correction_weights("decoupled", trainer, sampler, 2.0), decoupled_weights(trainer, sampler, 2.0))
+    by_mode = is_correction_weights("decoupled", trainer, sampler, 2.0)
+    assert torch.equal(by_mode, decoupled_weights(trainer, sampler, 2.0))
     assert is_correction_weights("decoupled", trainer, None, 2.0) is None
 
 
@@ -112,7 +113,8 @@ def test_stale_rollouts_train_under_the_decoupled_objective(tmp_path):
     def run(mode: str, cap: float, name: str):
         # the copy task's 8 x 16 samples: some right by chance at the first step (about 1 in 53), so
         # every step has a gradient and the weights move
-        cfg = tiny_config("rollout.engine=hf-worker", "rollout.max_staleness=1", "train.steps=3", "optim.lr=0.05", f"rollout.is_correction={mode}",
+        cfg = tiny_config("rollout.engine=hf-worker", "rollout.max_staleness=1", "train.steps=3", "optim.lr=0.05",
+                          f"rollout.is_correction={mode}",
                           f"rollout.tis_cap={cap}", output_dir=tmp_path / name)
         trainer = Trainer(cfg, tmp_path / name)
         try:
@@ -122,7 +124,8 @@ def test_stale_rollouts_train_under_the_decoupled_objective(tmp_path):
             trainer.close()
 
     rows, tis_wide = run("tis", 1e9, "tis-wide")
-    assert rows[1]["grad_norm"] > 0 and rows[1]["mismatch/logp_abs_diff"] > 0  # stale: the sampler's policy is not the trainer's
+    # stale: the sampler's policy is not the trainer's
+    assert rows[1]["grad_norm"] > 0 and rows[1]["mismatch/logp_abs_diff"] > 0
     _, decoupled_wide = run("decoupled", 1e9, "decoupled-wide")
     assert all(torch.equal(a, b) for a, b in zip(tis_wide, decoupled_wide))
     capped_rows, tis_capped = run("tis", 1.1, "tis-capped")
