@@ -81,9 +81,10 @@ def slurm_activity(folder: Path) -> dict[str, str]:
     """Tasks of this folder Slurm still holds (queued or running), where it was submitted to Slurm."""
     import shutil
 
-    if not (folder / JOBS_FILE).is_file() or shutil.which("squeue") is None:
+    if not (folder / JOBS_FILE).is_file():
         return {}
-    return still_held(latest_submissions(folder))
+    submissions = latest_submissions(folder)  # checked on every machine, not only where Slurm answers
+    return still_held(submissions) if shutil.which("squeue") is not None else {}
 
 
 def report(folder: Path, variants, eval_settings, console, active: dict[str, str] | None = None) -> dict:
