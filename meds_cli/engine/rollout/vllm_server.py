@@ -83,7 +83,9 @@ class ServerConfig:
                            CORES)
     gpus: str | int = doc("", "GPUs of a server meds starts on this node: M takes the last M of the N GPUs the "
                               "trainer sees and leaves the first N - M to training (process r on GPU r); '': the "
-                              "server sees the trainer's GPUs", Check(server_gpus_valid, GPUS_ACCEPTED))
+                              "server sees the trainer's GPUs",
+                          Check(server_gpus_valid, f"{GPUS_ACCEPTED}; a device list such as '2,3', the older form, "
+                                                   "is now given as its count"))
     nccl_address: str = doc("", "full-weight sync: the address where the servers reach the trainer for NCCL ('': "
                                 "127.0.0.1 for a server meds starts, else this host's name)")
     nccl_port: int = doc(0, "full-weight sync: the NCCL rendezvous port of the first server, the next ones "
