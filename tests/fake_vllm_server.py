@@ -52,6 +52,7 @@ class FakeVLLMServer:
         self.transfer_ready = self.updating = self.paused = False
         self.completions: list[dict] = []  # every /v1/completions body
         self.calls: list[tuple[str, dict]] = []  # (route, body) of every other POST
+        self.routes: list[str] = []  # every POST's route, completions too, in the order they came
         self.delay_s = delay_s
         self.lock = threading.Lock()
         fake = self
@@ -90,6 +91,7 @@ class FakeVLLMServer:
 
     def handle(self, route: str, body: dict):
         with self.lock:
+            self.routes.append(route)
             if route != "/v1/completions":
                 self.calls.append((route, body))
             if route == "/v1/load_lora_adapter":
