@@ -118,6 +118,9 @@ def train(
     gpus_per_node: Annotated[int, typer.Option(help="slurm: GPUs of each node, one process each.")] = 0,
     processes_per_node: Annotated[Optional[int], typer.Option(
         help="slurm, on CPUs: processes of each node (default 1).")] = None,
+    server_nodes: Annotated[int, typer.Option(
+        help="slurm: 1 runs the vLLM server of rollout.engine=vllm-server on a node of its own (the first of "
+             "--nodes), training on the others.")] = 0,
     slurm_partition: SlurmPartition = None,
     slurm_time: Annotated[Optional[str], typer.Option(help="slurm: time limit (e.g. 1-00:00:00).")] = None,
     slurm_cpus_per_task: Annotated[Optional[int], typer.Option(help="slurm: CPUs of each node's task.")] = None,
@@ -148,15 +151,16 @@ def train(
                             "(it resumes from the last checkpoint)")
         submit_training(config or [], set_ or [], shortcuts, nodes=nodes, gpus_per_node=gpus_per_node,
                         processes_per_node=processes_per_node, settings=settings, dry_run=dry_run,
-                        console=Console(stderr=True, soft_wrap=True))
+                        console=Console(stderr=True, soft_wrap=True), server_nodes=server_nodes)
         return
     if dry_run:
         console = Console(stderr=True, soft_wrap=True)  # paths stay copyable
         show_plan(config or [], set_ or [], shortcuts, resume=resume, step=step, console=console)
         return
-    if (nodes, gpus_per_node, processes_per_node) != (1, 0, None) or settings != SlurmSettings():
-        raise UserError("--nodes, --gpus-per-node, --processes-per-node, --requeue and the --slurm-* options need "
-                        "--launcher slurm; on this machine, start several processes with accelerate launch")
+    if (nodes, gpus_per_node, processes_per_node, server_nodes) != (1, 0, None, 0) or settings != SlurmSettings():
+        raise UserError("--nodes, --gpus-per-node, --processes-per-node, --server-nodes, --requeue and the --slurm-* "
+                        "options need --launcher slurm; on this machine, start several processes with accelerate "
+                        "launch")
     from meds_cli.commands.train_slurm import PREPARED
 
     code = run_training(config or [], set_ or [], shortcuts, resume=resume, step=step, argv=sys.argv, quiet=quiet,

@@ -8,7 +8,9 @@ memory, tokens per second.
     python scripts/gpu_check_all.py --kit gpu-kit --report OUT  # the GPU kit's rows (gpu-kit/run.sh)
     python scripts/gpu_check_all.py --tiny     # every row's path on CPU with a 2-layer model
 
-The rows that need vLLM are skipped ("skipped: vLLM not installed") where it is not installed.
+The rows that need vLLM are skipped ("skipped: vLLM not installed") where it is not installed, the
+rows that need more GPUs than the machine has are skipped naming the count, and under --kit the
+rows without a kit limit are skipped (they would not fit its 8 minutes).
 
 The runs train a random-weight model built from configs/gpu_check/qwen2.5-math-1.5b (saved once
 to a temporary folder with the embedded SmolLM2 tokenizer, so nothing is downloaded) with the
@@ -52,12 +54,18 @@ KIT_LIMITS_S = {CHECK_ROW: 180, "hf engine": 100, "FSDP2 on every GPU": 120, "vL
 TINY_LIMIT_S = 600  # the CPU stand-in on a loaded 2-core machine
 LOG_TAIL_LINES = 60  # of each row's stdout and stderr, in the report's rows.log
 VLLM_MISSING = "skipped: vLLM not installed"
+NOT_IN_KIT = "skipped: outside the GPU kit's 8 minutes (make gpu-check runs it)"
+VLLM_ENGINES = ("rollout.engine=vllm", "rollout.engine=vllm-server")
+
+
+def too_few_gpus(needed: int, gpus: int) -> str:
+    return f"skipped: needs {needed} GPUs, this machine has {gpus}"
 
 
 @dataclass(frozen=True)
 class Setup:
     """One row: `overrides` on top of the GPU check's run settings; `processes`: 1, or 0 for
-    one per GPU; `min_gpus`: the row is left out on a machine with fewer."""
+    one per GPU; `min_gpus`: the row is skipped on a machine with fewer."""
 
     name: str
     overrides: tuple[str, ...] = ()
@@ -67,10 +75,13 @@ class Setup:
 
     @property
     def needs_vllm(self) -> bool:
-        return "rollout.engine=vllm" in self.overrides
+        return any(engine in self.overrides for engine in VLLM_ENGINES)
 
 
 VLLM = ("rollout.engine=vllm",)
+# meds starts `vllm serve` on the last GPU (rollout.server.gpus=1), training on the first; the server owns its GPU
+SERVER_ON_GPU_2 = ("rollout.engine=vllm-server", "rollout.server.start=true", "rollout.server.gpus=1",
+                   "rollout.vllm.gpu_memory_utilization=0.8")
 SETUPS = (
     Setup("hf engine", ("rollout.engine=hf",)),
     Setup("vLLM colocated, sleep level 1", (*VLLM, "rollout.vllm.sleep_level=1")),
@@ -80,6 +91,11 @@ SETUPS = (
     Setup("FSDP2 on every GPU", ("rollout.engine=hf", "train.sharding=fsdp2"), processes=0, time_limit_s=1200),
     Setup("vLLM tensor parallel 2", (*VLLM, "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.sleep_level=1"),
           processes=2, min_gpus=2, time_limit_s=1200),
+    Setup("hf-worker, k=1 off-policy", ("rollout.engine=hf-worker", "rollout.max_staleness=1")),
+    Setup("vllm-server, LoRA, server on GPU 2 of 2", (*SERVER_ON_GPU_2, "model.lora.enabled=true", "optim.lr=1e-5",
+                                                      "rollout.vllm.sync=adapter"), min_gpus=2, time_limit_s=1200),
+    Setup("vllm-server, full weights over NCCL", (*SERVER_ON_GPU_2, "model.lora.enabled=false"), min_gpus=2,
+          time_limit_s=1200),
 )
 
 
@@ -153,6 +169,18 @@ def meds_argv(python: str, setup: Setup, gpus: int, model_dir: Path, run_dir: Pa
             "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no", "-m", "meds_cli", *train]
 
 
+def skip_reason(setup: Setup, gpus: int, vllm: bool, limits: dict[str, int] | None) -> str:
+    """Why this machine does not run the row ("": it runs): too few GPUs, no vLLM, or (the kit's
+    `limits`) no place in the kit's budget."""
+    if gpus < setup.min_gpus:
+        return too_few_gpus(setup.min_gpus, gpus)
+    if setup.needs_vllm and not vllm:
+        return VLLM_MISSING
+    if limits is not None and setup.name not in limits:
+        return NOT_IN_KIT
+    return ""
+
+
 def plan(gpus: int, python: str, model_dir: Path, out_root: Path, only: str = "", *, tiny: bool = False,
          tokenizer: str = "", limits: dict[str, int] | None = None, vllm: bool = True) -> list[Planned]:
     """The rows this machine runs, in order: the GPU check script, then every setup it has the
@@ -163,10 +191,9 @@ def plan(gpus: int, python: str, model_dir: Path, out_root: Path, only: str = ""
              *(["--tokenizer", tokenizer] if tokenizer else [])]
     rows = [Planned(CHECK_ROW, check, 900)]
     for number, setup in enumerate(SETUPS, start=1):
-        if gpus >= setup.min_gpus:
-            run_dir = out_root / f"run-{number}"
-            rows.append(Planned(setup.name, meds_argv(python, setup, gpus, model_dir, run_dir, tiny),
-                                setup.time_limit_s, run_dir, VLLM_MISSING if setup.needs_vllm and not vllm else ""))
+        run_dir = out_root / f"run-{number}"
+        rows.append(Planned(setup.name, meds_argv(python, setup, max(gpus, setup.min_gpus), model_dir, run_dir, tiny),
+                            setup.time_limit_s, run_dir, skip_reason(setup, gpus, vllm, limits)))
     for row in rows:
         row.time_limit_s = TINY_LIMIT_S if tiny else (limits or {}).get(row.name, row.time_limit_s)
     return [row for row in rows if row.name.startswith(only)]

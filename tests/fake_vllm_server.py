@@ -2,6 +2,12 @@
 vllm-server engine uses (vllm/entrypoints/openai/completion/protocol.py, serve/lora/api_router.py,
 rl/online/api_router.py), generating by a deterministic rule instead of a model.
 
+The weight-transfer routes (rl/online/) keep vLLM's rules: `/start_weight_update` needs
+`/init_weight_transfer_engine` before it and no update in progress, `/update_weights` and
+`/finish_weight_update` need one in progress, the version named at finish becomes the served
+one; a completion while `/pause`d (never `/resume`d) is refused, so a push that forgets to resume
+fails the test. `GET /get_world_size` answers `world_size` (its workers).
+
 A response's tokens depend on the prompt, the request's seed and the adapter it names (its
 folder's adapter_model.safetensors bytes), so a test can tell which adapter sampled it; a request
 naming a model that is neither the base nor a loaded adapter is refused with vLLM's 404. Every
@@ -19,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 BASE = "base-model"
+TRANSFER_ROUTES = ("/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                   "/finish_weight_update")
 VOCAB = 53  # the tiny tokenizer's
 
 
@@ -37,11 +45,14 @@ def rule_tokens(prompt: list[int], seed: int, salt: int, body: dict) -> tuple[li
 
 
 class FakeVLLMServer:
-    def __init__(self, port: int = 0, delay_s: float = 0.0):
+    def __init__(self, port: int = 0, delay_s: float = 0.0, world_size: int = 1):
         self.adapters: dict[str, tuple[str, int]] = {}  # name -> (path, salt)
         self.weight_version: str | None = None
+        self.world_size = world_size
+        self.transfer_ready = self.updating = self.paused = False
         self.completions: list[dict] = []  # every /v1/completions body
         self.calls: list[tuple[str, dict]] = []  # (route, body) of every other POST
+        self.routes: list[str] = []  # every POST's route, completions too, in the order they came
         self.delay_s = delay_s
         self.lock = threading.Lock()
         fake = self
@@ -55,6 +66,8 @@ class FakeVLLMServer:
                     return self._send(200, None)
                 if self.path == "/weight_info":
                     return self._send(200, {"weight_version": fake.weight_version})
+                if self.path.split("?")[0] == "/get_world_size":
+                    return self._send(200, {"world_size": fake.world_size})
                 return self._send(404, {"detail": "Not Found"})
 
             def do_POST(self):  # noqa: N802
@@ -78,6 +91,7 @@ class FakeVLLMServer:
 
     def handle(self, route: str, body: dict):
         with self.lock:
+            self.routes.append(route)
             if route != "/v1/completions":
                 self.calls.append((route, body))
             if route == "/v1/load_lora_adapter":
@@ -99,9 +113,13 @@ class FakeVLLMServer:
             if route == "/update_weight_version":
                 self.weight_version = body["new_version"]
                 return 200, {"success": True, "new_version": body["new_version"]}
+            if route.split("?")[0] in TRANSFER_ROUTES:
+                return self._transfer(route.split("?")[0], body)
             if route != "/v1/completions":
                 return 404, {"detail": "Not Found"}
             self.completions.append(body)
+            if self.paused:
+                return _error(503, "generation is paused (the fake: /resume was never called)", "ServiceUnavailable")
             model = body.get("model") or BASE
             if model != BASE and model not in self.adapters:
                 return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
@@ -119,6 +137,30 @@ class FakeVLLMServer:
         return 200, {"id": "cmpl-fake", "object": "text_completion", "created": 0, "model": model, "choices": [choice],
                      "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens),
                                "total_tokens": len(body["prompt"]) + len(tokens)}}
+
+    def _transfer(self, route: str, body: dict):
+        """vLLM's weight-transfer and pause routes (the module docstring), under the lock."""
+        if route in ("/pause", "/resume"):
+            self.paused = route == "/pause"
+            return 200, {"status": "paused" if self.paused else "resumed"}
+        if route == "/init_weight_transfer_engine":
+            self.transfer_ready = True
+            return 200, {"message": "Weight transfer initialized"}
+        if not self.transfer_ready:
+            return 500, {"error": "Weight transfer not initialized: call /init_weight_transfer_engine first"}
+        if route == "/start_weight_update":
+            if self.updating:
+                return 500, {"error": "start_weight_update called while a weight update is already active"}
+            self.updating = True
+            return 200, {"message": "Weight update started"}
+        if not self.updating:
+            return 500, {"error": f"{route} needs start_weight_update before it"}
+        if route == "/finish_weight_update":
+            self.updating = False
+            if body.get("weight_version") is not None:
+                self.weight_version = body["weight_version"]
+            return 200, {"message": "Weight update finished"}
+        return 200, {"message": "Weights updated"}
 
     # ------------------------------------------------------------ life
 

@@ -26,12 +26,33 @@ def _plan(gpus):
     return runner_module().plan(gpus, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"))
 
 
-def test_rows_in_order_and_tensor_parallel_only_with_two_gpus():
+TWO_GPU_ROWS = ["vLLM tensor parallel 2", "vllm-server, LoRA, server on GPU 2 of 2",
+                "vllm-server, full weights over NCCL"]
+
+
+def test_rows_in_order_and_the_two_gpu_rows_skipped_on_one():
     names = [row.name for row in _plan(1)]
     assert names == ["gpu_check.py, 1.5B architecture", "hf engine", "vLLM colocated, sleep level 1",
-                     "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync", "FSDP2 on every GPU"]
-    assert [row.name for row in _plan(2)] == [*names, "vLLM tensor parallel 2"]
+                     "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync", "FSDP2 on every GPU",
+                     "vLLM tensor parallel 2", "hf-worker, k=1 off-policy", "vllm-server, LoRA, server on GPU 2 of 2",
+                     "vllm-server, full weights over NCCL"]
+    assert {row.name: row.skip for row in _plan(1) if row.skip} == \
+        {name: "skipped: needs 2 GPUs, this machine has 1" for name in TWO_GPU_ROWS}
+    assert [row.name for row in _plan(2)] == names and not any(row.skip for row in _plan(2))
     assert all(row.time_limit_s > 0 for row in _plan(2))
+
+
+def test_the_server_and_worker_rows_run_what_their_names_say():
+    rows = {row.name: row.argv for row in _plan(2)}
+    worker = rows["hf-worker, k=1 off-policy"]
+    assert "rollout.engine=hf-worker" in worker and "rollout.max_staleness=1" in worker
+    assert worker[1:3] == ["-m", "meds_cli"]  # one training process
+    for name in TWO_GPU_ROWS[1:]:
+        argv = rows[name]
+        assert {"rollout.engine=vllm-server", "rollout.server.start=true", "rollout.server.gpus=1"} <= set(argv)
+        assert argv[1:3] == ["-m", "meds_cli"]  # one training process on GPU 1 of 2, the server on GPU 2
+    assert "model.lora.enabled=true" in rows[TWO_GPU_ROWS[1]] and "rollout.vllm.sync=adapter" in rows[TWO_GPU_ROWS[1]]
+    assert "model.lora.enabled=false" in rows[TWO_GPU_ROWS[2]]
 
 
 def test_fsdp2_runs_one_process_per_gpu_under_accelerate():
@@ -125,9 +146,10 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
 
 def test_vllm_rows_are_skipped_without_vllm_and_skips_count_as_passed():
     module = runner_module()
-    rows = module.plan(1, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"), vllm=False)
+    rows = module.plan(2, "/venv/bin/python", ARCHITECTURE, Path("/tmp/gpu-check"), vllm=False)
     skipped = [row.name for row in rows if row.skip]
-    assert skipped == ["vLLM colocated, sleep level 1", "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync"]
+    assert skipped == ["vLLM colocated, sleep level 1", "vLLM colocated, sleep level 2", "LoRA, vLLM adapter sync",
+                       *TWO_GPU_ROWS]  # the hf-worker row runs without vLLM
     assert all(row.skip == "skipped: vLLM not installed" for row in rows if row.skip)
     result = module.run_row(next(row for row in rows if row.skip), env={})
     assert result.outcome == "skipped: vLLM not installed" and result.peak_gib is None
@@ -141,6 +163,7 @@ def test_the_kits_limits_fit_its_budget_and_the_tiny_plan_runs_on_cpu():
                       limits=module.KIT_LIMITS_S, vllm=False)
     assert {row.name: row.time_limit_s for row in kit if not row.skip} == \
         {"gpu_check.py, 1.5B architecture": 180, "hf engine": 100, "FSDP2 on every GPU": 120}
+    assert next(row.skip for row in kit if row.name == "hf-worker, k=1 off-policy") == module.NOT_IN_KIT
     # the rows one H200 without vLLM runs, plus about a minute of install and model building, in 8 minutes
     assert sum(row.time_limit_s for row in kit if not row.skip) + 60 <= 480
     assert kit[0].argv[-2:] == ["--tokenizer", "/kit/tokenizer"] and "--tiny" not in kit[0].argv
@@ -148,6 +171,7 @@ def test_the_kits_limits_fit_its_budget_and_the_tiny_plan_runs_on_cpu():
     assert "--tiny" in tiny[0].argv
     hf = next(row for row in tiny if row.name == "hf engine").argv
     assert "rollout.max_new_tokens=8" in hf and "train.mixed_precision=no" in hf and "train.steps=2" in hf
+    assert not next(row for row in tiny if row.name == "hf-worker, k=1 off-policy").skip  # runs on the CPU too
 
 
 def test_a_row_past_its_limit_is_stopped_with_its_children(tmp_path):

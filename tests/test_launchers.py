@@ -216,8 +216,9 @@ def test_multi_node_train_script(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--nodes", "2"], "--nodes, --gpus-per-node, --processes-per-node, --requeue and the --slurm-* options need "
-                       "--launcher slurm"),
+    (["--nodes", "2"], "--nodes, --gpus-per-node, --processes-per-node, --server-nodes, --requeue and the "
+                       "--slurm-* options need --launcher slurm"),
+    (["--server-nodes", "1"], "--server-nodes, --requeue and the --slurm-* options need --launcher slurm"),
     (["--launcher", "slurm", "--nodes", "0"], "--nodes 0: give 1 or more"),
     (["--launcher", "slurm", "--gpus-per-node", "8", "--processes-per-node", "2"],
      "--processes-per-node 2 with --gpus-per-node 8: a node runs one process per GPU"),

@@ -1,7 +1,8 @@
 """`meds train --launcher slurm`: one run over --nodes N nodes, submitted as the sbatch script of
 meds_cli/engine/launchers/slurm_train.py. The run folder is made here, on the shared path, with
 the resolved config.yaml and train.sbatch in it; the job trains from them (every node starts
-`accelerate launch`), and a requeued job resumes from the last checkpoint. Bad settings are one
+`accelerate launch`), and a requeued job resumes from the last checkpoint. With --server-nodes 1
+the first node runs the run's vLLM server instead (slurm_server_node.py). Bad settings are one
 line before anything is created or submitted."""
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def unprepare(run_dir: Path, existed: bool) -> None:
 
 
 def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_node: int,
-                    processes_per_node: int | None, settings: SlurmSettings, dry_run: bool, console) -> dict:
+                    processes_per_node: int | None, settings: SlurmSettings, dry_run: bool, console,
+                    server_nodes: int = 0) -> dict:
+    from meds_cli.commands.slurm_server_node import check_server_nodes, server_node
     from meds_cli.commands.train import check_before_loading, prepare_run
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
@@ -57,9 +60,11 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
     plan = prepare_run(config_files, overrides, shortcuts, None)
     cfg, run_dir = plan.cfg, plan.run_dir.resolve()
     check_before_loading(plan, config_files, overrides, shortcuts)
+    check_server_nodes(cfg, nodes, server_nodes)
     sections = build_algorithm(cfg).config_sections
+    server = server_node(cfg, gpus_per_node) if server_nodes else None
     script = render_train_script(run_dir, nodes=nodes, gpus_per_node=gpus_per_node, processes_per_node=per_node,
-                                 settings=settings, python=sys.executable, workdir=Path.cwd())
+                                 settings=settings, python=sys.executable, workdir=Path.cwd(), server=server)
     if dry_run:
         print(script, end="")
         console.print(f"dry run: would create {run_dir} and submit the script above; nothing was created",
@@ -75,7 +80,9 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
     except BaseException:
         unprepare(run_dir, existed)
         raise
-    console.print(f"submitted Slurm job {job}: {nodes} node(s) x {per_node} processes, run folder {run_dir}\n"
+    shape = f"{nodes - 1} node(s) x {per_node} processes and a vLLM server node" if server else \
+        f"{nodes} node(s) x {per_node} processes"
+    console.print(f"submitted Slurm job {job}: {shape}, run folder {run_dir}\n"
                   f"follow it: squeue -j {job}; tail -f {run_dir}/slurm-{job}.out (sacct -j {job} where accounting "
                   "is on)", highlight=False, soft_wrap=True)
     return {"run_dir": str(run_dir), "job": job}

