@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MICRO_BATCH = 8
 PRECISIONS = ("fp32", "bf16")
+PHASES = ("time_generate_s", "time_score_s", "time_train_s")  # meds's own step metrics, printed per phase
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -113,7 +114,7 @@ def run_trl(shape, steps: int, precision: str = "fp32") -> list[tuple[float, flo
     return times
 
 
-def run_meds(shape, steps: int, precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, float]]:
+def run_meds(shape, steps: int, precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, ...]]:
     try:
         from meds_cli.engine.config import RolloutConfig, load_config
         from meds_cli.engine.trainer import Trainer
@@ -140,8 +141,10 @@ def run_meds(shape, steps: int, precision: str = "fp32", extra: tuple[str, ...] 
     times = []
     for _ in range(steps):
         start = (time.perf_counter(), time.process_time())
-        trainer.train_step()
-        times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
+        row = trainer.train_step()
+        # wall and CPU, then the step's own phases (where a difference between variants comes from)
+        times.append((time.perf_counter() - start[0], time.process_time() - start[1],
+                      *(row.get(key, float("nan")) for key in PHASES)))
     return times
 
 
@@ -170,7 +173,7 @@ def _drop_stop_ids():
 
 
 def one_run(system: str, shape: str, steps: int, tree: Path, threads: int,
-            precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, float]]:
+            precision: str = "fp32", extra: tuple[str, ...] = ()) -> list[tuple[float, ...]]:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     # Every system waits the way meds does by default (spinning threads on a shared machine would
     # slow whichever side loaded torch before meds_cli could ask for passive waiting).
@@ -236,25 +239,38 @@ def main() -> None:
                 times = one_run(worker, shape, args.steps, tree, args.threads, precision, extra)[1:]
                 per_step[(system, shape)].extend(times)
                 print(f"round {round_ + 1} {shape:>8} {system:>13}: " +
-                      ", ".join(f"{w:.1f} s ({c:.1f} CPU)" for w, c in times), flush=True)
+                      ", ".join(f"{t[0]:.1f} s ({t[1]:.1f} CPU)" for t in times), flush=True)
 
     print(f"\nmedian seconds per step ({args.rounds} rounds x {args.steps - 1} timed steps; "
           f"{args.threads or 'default'} threads; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     over = "TRL" if "trl" in tools else "1st"
     print(f"{'shape':>8} {'system':>13} {'wall s':>8} {'CPU s':>8} {f'wall / {over}':>11} {f'CPU / {over}':>10}")
-    wall_of = {key: statistics.median(w for w, _ in times) for key, times in per_step.items()}
-    cpu_of = {key: statistics.median(c for _, c in times) for key, times in per_step.items()}
+    wall_of = {key: statistics.median(t[0] for t in times) for key, times in per_step.items()}
+    cpu_of = {key: statistics.median(t[1] for t in times) for key, times in per_step.items()}
     for shape in shapes:
         trl = [s for s, (tool, _, _, _) in systems.items() if tool == "trl"] or [next(iter(systems))]
         trl_wall, trl_cpu = min(wall_of[(s, shape)] for s in trl), min(cpu_of[(s, shape)] for s in trl)
         for system in systems:
             wall, cpu = wall_of[(system, shape)], cpu_of[(system, shape)]
             print(f"{shape:>8} {system:>13} {wall:>8.2f} {cpu:>8.2f} {wall / trl_wall:>11.2f} {cpu / trl_cpu:>10.2f}")
+    print_phases(per_step, systems, shapes)
     if len(precisions) > 1 and "trl" in tools:
         print_fastest(wall_of, systems, tools, shapes)
     for clock, column in (("wall", 0), ("CPU", 1)):  # CPU: steadier where the load changes during the run
         medians = {key: statistics.median(t[column] for t in times) for key, times in per_step.items()}
         print_growth(medians, systems, shapes, clock)
+
+
+def print_phases(per_step: dict, systems: dict, shapes: list[str]) -> None:
+    """meds's median seconds per phase of a step (generate, scoring pass, update) for each meds system."""
+    meds = [s for s, (tool, _, _, _) in systems.items() if tool != "trl"]
+    print("\nmeds's phases (median s a step): " + ", ".join(p.removeprefix("time_").removesuffix("_s") for p in PHASES))
+    for shape in shapes:
+        for system in meds:
+            steps = [t for t in per_step[(system, shape)] if len(t) > 2]
+            if steps:
+                cells = " ".join(f"{statistics.median(t[2 + i] for t in steps):>8.2f}" for i in range(len(PHASES)))
+                print(f"{shape:>8} {system:>13} {cells}")
 
 
 def print_fastest(wall_of: dict, systems: dict, tools: dict, shapes: list[str]) -> None:
