@@ -13,7 +13,11 @@ newest weights sent before it.
 It decodes under the trainer's autocast (`autocast`: the accelerator's mixed_precision) on
 `rollout.worker.cores` where given (its torch threads: one per core), else on the trainer's
 thread count; the same seeds then give the same tokens as the colocated `hf` engine.
-A worker that dies ends the run in one line (WorkerGone).
+A worker that dies ends the run in one line (RolloutEngineGone).
+
+With several training processes (DDP) each has a worker of its own, which samples that process's
+share of the prompts; the processes hold the same weights after each step, so each sends its own
+worker the same push, and `rollout.worker.cores` is dealt out among them (`cores_of_process`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, doc
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
@@ -62,6 +67,16 @@ def parse_cores(text: str) -> list[int]:
         first, _, last = part.partition("-")
         cores.extend(range(int(first), int(last or first) + 1))
     return cores
+
+
+def cores_of_process(cores: list[int], rank: int, world: int) -> list[int]:
+    """This process's worker's share of `cores` (consecutive blocks, one per process); [] for []."""
+    if not cores:
+        return []
+    if len(cores) < world:
+        raise UserError(f"rollout.worker.cores lists {len(cores)} core(s) for {world} training processes, each with "
+                        f"a worker of its own: list at least {world}, or '' for the trainer's")
+    return cores[rank * len(cores) // world:(rank + 1) * len(cores) // world]
 
 
 def trained_weights(model) -> dict[str, torch.Tensor]:
@@ -147,9 +162,10 @@ class HFWorkerEngine:
 
     # ------------------------------------------------------------ SeparateEngine
 
-    def push_policy(self, version: int) -> None:
+    def push_policy(self, version: int, weights: dict | None = None) -> None:
+        weights = trained_weights(self.model) if weights is None else weights
         self._check_alive("receiving weights")
-        self.jobs.put(("weights", version, trained_weights(self.model)))
+        self.jobs.put(("weights", version, weights))
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_alive("taking a job")

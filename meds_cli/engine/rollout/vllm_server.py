@@ -31,6 +31,15 @@ Full-weight sync to a server goes through vLLM's weight-transfer engine (`/init_
 Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
 adapter loaded before it, and records that version. A server that stops answering, or answers a
 route with an error, ends the run in one line naming it (and its log where meds started it).
+
+Several training processes (training_processes.py) each send their own share of the requests;
+process 0 alone saves and loads each version's adapter (once), the others name it in their later
+jobs. At each push every process lines up once: process 0 waits until the servers loaded the
+version, then one collective tells every process the oldest version a request still in flight on
+any process names (or that a process failed): nobody sends a request naming the version before
+it is loaded, and process 0 unloads only older adapters than that one. With one process the
+push waits for nothing (the load runs in order with the jobs) and the previous adapter is
+unloaded after it, as before.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from meds_cli.core.fields import Check, at_least, doc
 from meds_cli.engine.rollout.hf_worker import CORES
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 
 HOST = "127.0.0.1"  # a server meds starts listens here only
 POLL_S = 0.2
@@ -95,6 +105,11 @@ def parse_urls(text: str) -> list[str]:
 
 def server_name(url: str) -> str:
     return f"the vLLM server at {url}"
+
+
+def adapter_name(version: int) -> str:
+    """The name (and folder) policy version `version`'s adapter is served under."""
+    return f"policy-v{version}"
 
 
 # ---------------------------------------------------------------- HTTP, as vLLM's routes speak it
@@ -259,6 +274,7 @@ class StartedServer:
 
 
 ABSENT = object()  # what VLLMServerEngine._call gives for a route the server does not have (absent_ok)
+FAILED = -1  # what a process that failed gives in the push's line-up (versions are >= 0)
 
 
 class VLLMServerEngine:
@@ -272,8 +288,9 @@ class VLLMServerEngine:
     starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
 
     def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
-                 request_timeout_s: float = 600.0, concurrency: int = 32):
-        self.urls, self.policy, self.server = list(urls), policy, server
+                 request_timeout_s: float = 600.0, concurrency: int = 32,
+                 processes: TrainingProcesses = ONE_PROCESS):
+        self.urls, self.policy, self.server, self.processes = list(urls), policy, server, processes
         self.adapter_dir = Path(scratch_dir) / "server-adapters"
         self.timeout_s = request_timeout_s
         self.ordered = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meds-server-jobs")
@@ -288,35 +305,72 @@ class VLLMServerEngine:
         self.version = -1
         self.tells_version = True  # False once a server says it has no /update_weight_version (no dev mode)
         self.pushes: list[int] = []
+        self.loaded: list[int] = []  # versions loaded on the servers and not yet unloaded (process 0)
+        self.named = -1  # the version the next job names: the newest pushed
+        self.running: dict[int, tuple[int, Future]] = {}  # ticket -> (version it names, its future), until done
         self.failure: RolloutEngineGone | None = None  # a push that failed: every later job raises it
 
     # ------------------------------------------------------------ SeparateEngine
 
-    def push_policy(self, version: int) -> None:
-        """Save the adapter now (the next update must not reach it), load it on every server in
-        order with the jobs."""
+    def push_policy(self, version: int, weights: dict | None = None) -> None:
+        """Process 0 saves the adapter now (the next update must not reach it) and loads it on every
+        server in order with its jobs; the other processes name it in their later jobs (module
+        docstring). `weights`: that version's trained weights (a resumed in-flight job's)."""
         from meds_cli.engine.rollout.weight_sync import adapter_weights
 
-        folder = self.adapter_dir / f"policy-v{version}"
-        if folder.exists():
-            shutil.rmtree(folder)  # a resumed run pushes its versions again
-        self.policy.save_pretrained(str(folder), state_dict=adapter_weights(self.policy))
+        # every process: a gather under FSDP2
+        state = adapter_weights(self.policy) if weights is None else {n: t for n, t in weights.items() if ".lora_" in n}
+        if self.processes.pushes:
+            folder = self.adapter_dir / adapter_name(version)
+            if folder.exists():
+                shutil.rmtree(folder)  # a resumed run pushes its versions again
+            self.policy.save_pretrained(str(folder), state_dict=state)
+            loaded = self.ordered.submit(self._in_order, self._swap_adapter, version, folder)
+        else:
+            loaded = self.ordered.submit(self._in_order, self._follow, version)
+        self.named = version
+        oldest = version if self.processes.world == 1 else self._line_up(loaded, version)
+        if self.processes.pushes:  # a failure is raised by the next job
+            self.ordered.submit(self._in_order, self._unload_older, oldest)
         self._check_server("taking weights")
-        self.ordered.submit(self._load_adapter, version, folder)  # a failure is raised by the next job
+
+    def _line_up(self, loaded: Future, version: int) -> int:
+        """Several processes: process 0 waits until the servers loaded `version`; then every process
+        learns the oldest version a request in flight on any process names (one collective, which
+        carries a failure too: no process goes on alone)."""
+        failure = None
+        if self.processes.pushes:
+            try:
+                self._wait_for(loaded, "loading an adapter")
+            except RolloutEngineGone as error:
+                failure = error
+            failure = failure or self.failure
+        in_use = min([named for named, _ in self.running.values()], default=version)
+        oldest = self.processes.min(FAILED if failure else in_use)
+        if failure:
+            raise failure
+        if oldest == FAILED:
+            raise RolloutEngineGone(f"process 0 could not load policy version {version}'s adapter on the vLLM "
+                                    f"server (its own line says why); {RUN_ENDS}")
+        return oldest
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_server("taking a job")
         self.tickets += 1
         self.futures[self.tickets] = self.ordered.submit(self._run_job, self.tickets, list(requests), settings)
+        self.running = {t: job for t, job in self.running.items() if not job[1].done()}
+        self.running[self.tickets] = (self.named, self.futures[self.tickets])
         return self.tickets
 
     def result(self, ticket: int) -> JobResult:
-        future = self.futures.pop(ticket)
+        return self._wait_for(self.futures.pop(ticket), "sampling")
+
+    def _wait_for(self, future: Future, doing: str):
         while True:
             try:
                 return future.result(timeout=POLL_S)
             except FutureTimeout:
-                self._check_server("sampling")
+                self._check_server(doing)
 
     def forget(self, ticket: int) -> None:
         future = self.futures.pop(ticket, None)
@@ -336,26 +390,35 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ on the ordered thread
 
-    def _load_adapter(self, version: int, folder: Path) -> None:
+    def _in_order(self, work, *args) -> None:
         try:
-            self._swap_adapter(version, folder)
+            work(*args)
         except RolloutEngineGone as err:
             self.failure = err
 
     def _swap_adapter(self, version: int, folder: Path) -> None:
-        name = f"policy-v{version}"
-        previous = self.adapter
+        name = adapter_name(version)
         for url in self.urls:
             self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
             if self.tells_version and self._call(url, "/update_weight_version", {"new_version": str(version)},
                                                  absent_ok=True) is ABSENT:
                 self.tells_version = False
-        self.adapter, self.version = name, version
+        self._follow(version)
         self.pushes.append(version)
-        if previous is not None:
+        self.loaded.append(version)
+
+    def _follow(self, version: int) -> None:
+        """Later jobs name `version`'s adapter (loaded by process 0)."""
+        self.adapter, self.version = adapter_name(version), version
+
+    def _unload_older(self, oldest: int) -> None:
+        """Unload (and delete the folders of) the adapters older than `oldest`, which no request in
+        flight names any more."""
+        for version in [v for v in self.loaded if v < oldest]:
             for url in self.urls:
-                self._call(url, "/v1/unload_lora_adapter", {"lora_name": previous})
-            shutil.rmtree(self.adapter_dir / previous, ignore_errors=True)
+                self._call(url, "/v1/unload_lora_adapter", {"lora_name": adapter_name(version)})
+            shutil.rmtree(self.adapter_dir / adapter_name(version), ignore_errors=True)
+            self.loaded.remove(version)
 
     def _run_job(self, ticket: int, requests: list[SampleRequest], settings: SamplingSettings) -> JobResult:
         if self.failure is not None:
