@@ -228,3 +228,43 @@ def test_a_started_server_dying_mid_run_names_its_log_and_exit_code(tmp_path):
     message = str(gone.value)
     assert "\n" not in message and server.url in message and str(tmp_path / "vllm-server.log") in message
     assert "exited with code -9" in message
+
+
+# ---------------------------------------------------------------- several training processes
+
+
+def test_process_0_loads_each_version_once_and_unloads_only_what_no_process_still_names(fake, tmp_path):
+    from meds_cli.engine.model_io.model import apply_lora
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.rollout.training_processes import TrainingProcesses
+
+    cfg = tiny_config()
+    policy = apply_lora(tiny_model_and_tokenizer()[0], cfg.model.lora)
+    oldest_in_flight = [0]  # what the line-up's collective answers: the oldest version any process still names
+    lined_up = lambda value: min(value, oldest_in_flight[0])  # noqa: E731
+    first = VLLMServerEngine([fake.url], policy=policy, scratch_dir=tmp_path,
+                             processes=TrainingProcesses(0, 2, min=lined_up))
+    other = VLLMServerEngine([fake.url], policy=policy, scratch_dir=tmp_path,
+                             processes=TrainingProcesses(1, 2, min=lined_up))
+    request = [SampleRequest((3, 4), (7,))]
+    try:
+        for engine in (first, other):
+            engine.push_policy(0)
+        assert _loads(fake) == ["policy-v0"]  # process 0 alone loads; the push returned after the load
+        assert other.result(other.submit(request, SETTINGS)).version == 0
+        for engine in (first, other):
+            engine.push_policy(1)  # another process still names version 0: it stays loaded
+        assert other.result(other.submit(request, SETTINGS)).version == 1
+        assert set(fake.adapters) == {"policy-v0", "policy-v1"}
+        oldest_in_flight[0] = 2
+        for engine in (first, other):
+            engine.push_policy(2)
+        first.result(first.submit(request, SETTINGS))  # after the unload, in order
+        assert set(fake.adapters) == {"policy-v2"} and _loads(fake) == ["policy-v0", "policy-v1", "policy-v2"]
+        assert [b["model"] for b in fake.completions] == ["policy-v0", "policy-v1", "policy-v2"]
+        oldest_in_flight[0] = -1  # process 0 failed to load: every process ends in one line
+        with pytest.raises(RolloutEngineGone, match="process 0 could not load policy version 3"):
+            other.push_policy(3)
+    finally:
+        first.close()
+        other.close()
