@@ -4,6 +4,7 @@ in-process fake, and the `hf-worker` engine in the trainer: k = 0 is today's col
 the bit, k = 1 trains on rollouts exactly one version old, and a killed worker ends the run in one
 line with its checkpoint intact."""
 
+import json
 import os
 import signal
 
@@ -220,3 +221,44 @@ def test_dapo_extra_rounds_replan_the_next_prefetch(tmp_path):
         # the first round one version old, the extra ones sampled when asked from the newest weights
         assert row["rollout/staleness_max"] == 1.0
         assert row["rollout/staleness_mean"] == pytest.approx(1 / rounds)
+
+
+# ---------------------------------------------------------------- in flight at a checkpoint, and resume
+
+
+def test_a_resume_at_k1_samples_the_jobs_in_flight_from_their_own_weights_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    from meds_cli.engine.run_folders.run_dir import MetricsLog
+    from meds_cli.engine.trainer import TIMING_KEYS
+
+    # DAPO: the copy task gives it a reward spread to train on, and extra rounds that replan the prefetch
+    common = ("algo.name=dapo", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.engine=hf-worker",
+              "rollout.max_staleness=1", "train.steps=4", "train.checkpoint_every=2", "optim.lr=0.01")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(tiny_config(*common, output_dir=straight), straight).train()
+
+    first = Trainer(tiny_config(*common, output_dir=split), split)  # stopped after step 2, as by a kill
+    try:
+        first.train_step()
+        first.train_step()
+        checkpoint = first.save_checkpoint()
+    finally:
+        first.close()
+    record = json.loads((checkpoint / "in_flight_0.json").read_text())
+    assert record["weights"] == "saved"
+    assert [(job["step"], job["policy_version"]) for job in record["jobs"]] == [(3, 1)]  # step 3 from version 1
+    assert (checkpoint / "in_flight_policy_v1.safetensors").is_file()
+    second = Trainer(tiny_config(*common, output_dir=split), split)
+    second.load_checkpoint(checkpoint)
+    second.train()
+
+    pipeline_times = ("time_wait_rollouts_s", "time_sampler_idle_s", "overlap_share")
+    a, b = ([{k: v for k, v in row.items() if k not in TIMING_KEYS + pipeline_times} for row in MetricsLog(
+        run / "metrics.jsonl").rows()] for run in (straight, split))
+    assert [r["step"] for r in b] == [1, 2, 3, 4] and a == b
+    assert b[2]["rollout/staleness_max"] == 1.0  # step 3 was sampled from version 1 again, not the loaded 2
+    wa, wb = (load_file(str(run / "checkpoints/step_4/weights.safetensors")) for run in (straight, split))
+    assert wa.keys() == wb.keys() and wa
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(wa[k].abs().max() > 0 for k in wa if "lora_B" in k)  # it trained

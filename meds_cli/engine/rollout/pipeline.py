@@ -264,10 +264,21 @@ class RolloutPipeline:
             return jobs, None
         return jobs, {job.version: self.kept[job.version] for job in jobs}
 
-    def resubmit(self, jobs: Sequence[InFlightJob], weights: dict[int, dict], settings: SamplingSettings) -> None:
+    def resubmit(self, jobs: Sequence[InFlightJob], weights: dict[int, dict] | None,
+                 settings: SamplingSettings) -> None:
         """On resume, after `finish_update` of the loaded step: submit `jobs` again (read from the
         checkpoint), each from its version's `weights`, in their order; the loaded weights are
-        pushed before the next job, as in the uninterrupted run."""
+        pushed before the next job, as in the uninterrupted run. Without `weights` (not kept: full
+        weights) nothing is submitted: those steps sample from the loaded weights."""
+        # every process pushes and submits as many: a record edited on one process would misalign them
+        shape = [len(jobs), sum(job.step for job in jobs), sum(job.version for job in jobs), weights is not None]
+        agreed = [self.processes.min(int(value)) == -self.processes.min(-int(value)) for value in shape]
+        if not all(agreed):
+            raise UserError("the checkpoint's records of the sampling in flight (in_flight_<rank>.json) differ between "
+                            "processes; resume from another checkpoint (--step N) or start a new run")
+        if weights is None:
+            return
+
         def send():
             for job in jobs:
                 if self.pushed != job.version:
