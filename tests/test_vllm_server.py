@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from meds_cli.engine.rollout.pipeline import RolloutEngineGone, RolloutPipeline
@@ -268,3 +269,40 @@ def test_process_0_loads_each_version_once_and_unloads_only_what_no_process_stil
     finally:
         first.close()
         other.close()
+
+
+def test_a_resume_at_k1_against_a_deterministic_server_samples_what_the_uninterrupted_run_did(tmp_path):
+    from safetensors.torch import load_file
+
+    settings = ("algo.name=dapo", "rollout.prompts_per_step=4", "train.steps=4", "train.checkpoint_every=2",
+                "optim.lr=0.01")  # DAPO: a reward spread to train on
+
+    def run(folder, stop_after: int | None) -> list[str]:
+        """The adapters the requests named, from the resume on where the run stops after a step."""
+        server = FakeVLLMServer().start()
+        try:
+            trainer = _trainer(folder, server.url, 1, *settings)
+            if stop_after is None:
+                trainer.train()
+                return [b["model"] for b in server.completions]
+            try:
+                for _ in range(stop_after):
+                    trainer.train_step()
+                checkpoint = trainer.save_checkpoint()
+            finally:
+                trainer.close()
+            sent = len(server.completions)
+            trainer = _trainer(folder, server.url, 1, *settings)
+            trainer.load_checkpoint(checkpoint)
+            trainer.train()
+            return [b["model"] for b in server.completions[sent:]]
+        finally:
+            server.stop()
+
+    straight, resumed = run(tmp_path / "straight", None), run(tmp_path / "split", 2)
+    # the resume sent step 3's first round again from version 1 (loaded again), then went on as the straight run
+    assert resumed[:16] == ["policy-v1"] * 16 and straight[-len(resumed):] == resumed
+    wa, wb = (load_file(str(tmp_path / run / "checkpoints/step_4/weights.safetensors"))
+              for run in ("straight", "split"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(wa[k].abs().max() > 0 for k in wa if "lora_B" in k)

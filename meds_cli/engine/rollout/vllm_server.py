@@ -20,7 +20,8 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
   - `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (serve/lora/, needs
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): after each optimizer step the adapter is saved (peft
     save_pretrained) under <run folder>/scratch/server-adapters/, loaded as `policy-v<version>`
-    (a new name and folder per version: vLLM never serves a cached older one), the previous one
+    (a new name and folder per version: vLLM never serves a cached older one; `load_inplace`, so
+    that a resumed run pushing a version again replaces what a server kept), the previous one
     unloaded;
   - `POST /update_weight_version` (rl/online/, needs VLLM_SERVER_DEV_MODE=1): the server is told
     the version it now serves; a server without dev mode (404) is not told again;
@@ -398,8 +399,9 @@ class VLLMServerEngine:
 
     def _swap_adapter(self, version: int, folder: Path) -> None:
         name = adapter_name(version)
-        for url in self.urls:
-            self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
+        for url in self.urls:  # in place: a server that outlived a run still holds the versions a resume pushes again
+            self._call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve()),
+                                                      "load_inplace": True})
             if self.tells_version and self._call(url, "/update_weight_version", {"new_version": str(version)},
                                                  absent_ok=True) is ABSENT:
                 self.tells_version = False
