@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout.hf_worker import parse_cores
+from meds_cli.engine.rollout.hf_worker import cores_of_process, parse_cores
 from meds_cli.engine.rollout.pipeline import (
     JobResult,
     RolloutEngineGone,
@@ -59,6 +59,19 @@ def test_staleness_is_steps_behind():
 
 def test_parse_cores_reads_taskset_lists():
     assert parse_cores("1") == [1] and parse_cores("0,2-4") == [0, 2, 3, 4] and parse_cores("") == []
+
+
+def test_worker_cores_are_dealt_out_a_block_per_training_process():
+    assert [cores_of_process([0, 1, 2, 3], rank, 2) for rank in (0, 1)] == [[0, 1], [2, 3]]
+    assert [cores_of_process([4, 5, 6], rank, 2) for rank in (0, 1)] == [[4], [5, 6]]
+    assert cores_of_process([], 1, 2) == []  # the trainer's
+    with pytest.raises(UserError, match="lists 1 core.* for 2 training processes"):
+        cores_of_process([3], 0, 2)
+
+
+def test_the_worker_refuses_fsdp2_in_one_line():
+    with pytest.raises(UserError, match="hf-worker .* train.sharding=fsdp2"):
+        tiny_config("rollout.engine=hf-worker", "train.sharding=fsdp2")
 
 
 # ---------------------------------------------------------------- the pipeline against a fake

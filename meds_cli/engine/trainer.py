@@ -20,7 +20,9 @@ per-sample seeds those steps will draw, with the weights of now), so that the en
 them while this step trains; a step then asks for its round as always and gets the rollouts
 sampled meanwhile (engine/rollout/pipeline.py). Steps still consume rollouts in the order they
 were sampled, so algorithms with state (MEDS's memory, EDAS's warm-up) see that order; DAPO's
-extra rounds are sampled when asked, through the same engine, from the newest weights.
+extra rounds are sampled when asked, through the same engine, from the newest weights. A
+checkpoint records the jobs in flight (and, with LoRA, their versions' adapters), which a
+resume submits again (engine/rollout/in_flight.py).
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of

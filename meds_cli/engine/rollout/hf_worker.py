@@ -57,7 +57,7 @@ class WorkerConfig:
     """The `rollout.worker` config section (the hf-worker engine)."""
 
     cores: str | int = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the "
-                               "trainer's, with its thread count)", CORES)
+                               "trainer's, with its thread count); several training processes: a block each", CORES)
 
 
 def parse_cores(text: str) -> list[int]:
