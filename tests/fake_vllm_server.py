@@ -44,6 +44,12 @@ def rule_tokens(prompt: list[int], seed: int, salt: int, body: dict) -> tuple[li
     return tokens, [-(1 + t % 5) / 10 for t in tokens], "length"
 
 
+class _Listening(ThreadingHTTPServer):
+    # uvicorn's backlog, near enough: several training processes open 32 connections each at once,
+    # beyond http.server's 5 (the rest would be reset)
+    request_queue_size = 1024
+
+
 class FakeVLLMServer:
     def __init__(self, port: int = 0, delay_s: float = 0.0, world_size: int = 1):
         self.adapters: dict[str, tuple[str, int]] = {}  # name -> (path, salt)
@@ -83,7 +89,7 @@ class FakeVLLMServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd = _Listening(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread: threading.Thread | None = None
 

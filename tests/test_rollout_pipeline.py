@@ -4,6 +4,7 @@ in-process fake, and the `hf-worker` engine in the trainer: k = 0 is today's col
 the bit, k = 1 trains on rollouts exactly one version old, and a killed worker ends the run in one
 line with its checkpoint intact."""
 
+import json
 import os
 import signal
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout.hf_worker import parse_cores
+from meds_cli.engine.rollout.hf_worker import cores_of_process, parse_cores
 from meds_cli.engine.rollout.pipeline import (
     JobResult,
     RolloutEngineGone,
@@ -58,6 +59,19 @@ def test_staleness_is_steps_behind():
 
 def test_parse_cores_reads_taskset_lists():
     assert parse_cores("1") == [1] and parse_cores("0,2-4") == [0, 2, 3, 4] and parse_cores("") == []
+
+
+def test_worker_cores_are_dealt_out_a_block_per_training_process():
+    assert [cores_of_process([0, 1, 2, 3], rank, 2) for rank in (0, 1)] == [[0, 1], [2, 3]]
+    assert [cores_of_process([4, 5, 6], rank, 2) for rank in (0, 1)] == [[4], [5, 6]]
+    assert cores_of_process([], 1, 2) == []  # the trainer's
+    with pytest.raises(UserError, match="lists 1 core.* for 2 training processes"):
+        cores_of_process([3], 0, 2)
+
+
+def test_the_worker_refuses_fsdp2_in_one_line():
+    with pytest.raises(UserError, match="hf-worker .* train.sharding=fsdp2"):
+        tiny_config("rollout.engine=hf-worker", "train.sharding=fsdp2")
 
 
 # ---------------------------------------------------------------- the pipeline against a fake
@@ -174,6 +188,28 @@ def test_worker_at_k0_gives_the_colocated_runs_tokens_and_weights(tmp_path):
     assert all(torch.equal(w_colocated[n], w_apart[n]) for n in w_colocated)  # the tokens trained on were the same
 
 
+def test_worker_under_gradient_checkpointing_gives_the_colocated_runs_weights(tmp_path):
+    """Gradient checkpointing hooks the input embeddings with a closure, which the worker's copy of
+    the model cannot carry: it is saved without the trainer's hooks, and the trainer keeps them. The
+    copy task's 8 x 16 samples get some reward, so the weights move."""
+    def run(engine, folder):
+        cfg = tiny_config(f"rollout.engine={engine}", "train.gradient_checkpointing=true", "train.steps=2",
+                          "optim.lr=0.05", output_dir=tmp_path / folder)
+        trainer = Trainer(cfg, tmp_path / folder)
+        try:
+            rows = [trainer.train_step() for _ in range(2)]
+            hooked = any(m._forward_hooks for m in trainer.unwrapped.modules())
+            return rows, [p.detach().clone() for p in trainer.unwrapped.parameters() if p.requires_grad], hooked
+        finally:
+            trainer.close()
+
+    rows, colocated, _ = run("hf", "hf")
+    assert rows[0]["grad_norm"] > 0
+    _, apart, hooked = run("hf-worker", "worker")
+    assert hooked  # the trainer's own hooks were put back
+    assert all(torch.equal(a, b) for a, b in zip(colocated, apart))
+
+
 def test_worker_at_k1_trains_on_rollouts_one_version_old(tmp_path):
     rows, _ = _run(tmp_path, "hf-worker", 1, 4)
     assert rows[0]["rollout/staleness_max"] == 0.0  # step 1 has no older weights
@@ -220,3 +256,44 @@ def test_dapo_extra_rounds_replan_the_next_prefetch(tmp_path):
         # the first round one version old, the extra ones sampled when asked from the newest weights
         assert row["rollout/staleness_max"] == 1.0
         assert row["rollout/staleness_mean"] == pytest.approx(1 / rounds)
+
+
+# ---------------------------------------------------------------- in flight at a checkpoint, and resume
+
+
+def test_a_resume_at_k1_samples_the_jobs_in_flight_from_their_own_weights_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    from meds_cli.engine.run_folders.run_dir import MetricsLog
+    from meds_cli.engine.trainer import TIMING_KEYS
+
+    # DAPO: the copy task gives it a reward spread to train on, and extra rounds that replan the prefetch
+    common = ("algo.name=dapo", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.engine=hf-worker",
+              "rollout.max_staleness=1", "train.steps=4", "train.checkpoint_every=2", "optim.lr=0.01")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(tiny_config(*common, output_dir=straight), straight).train()
+
+    first = Trainer(tiny_config(*common, output_dir=split), split)  # stopped after step 2, as by a kill
+    try:
+        first.train_step()
+        first.train_step()
+        checkpoint = first.save_checkpoint()
+    finally:
+        first.close()
+    record = json.loads((checkpoint / "in_flight_0.json").read_text())
+    assert record["weights"] == "saved"
+    assert [(job["step"], job["policy_version"]) for job in record["jobs"]] == [(3, 1)]  # step 3 from version 1
+    assert (checkpoint / "in_flight_policy_v1.safetensors").is_file()
+    second = Trainer(tiny_config(*common, output_dir=split), split)
+    second.load_checkpoint(checkpoint)
+    second.train()
+
+    pipeline_times = ("time_wait_rollouts_s", "time_sampler_idle_s", "overlap_share")
+    a, b = ([{k: v for k, v in row.items() if k not in TIMING_KEYS + pipeline_times} for row in MetricsLog(
+        run / "metrics.jsonl").rows()] for run in (straight, split))
+    assert [r["step"] for r in b] == [1, 2, 3, 4] and a == b
+    assert b[2]["rollout/staleness_max"] == 1.0  # step 3 was sampled from version 1 again, not the loaded 2
+    wa, wb = (load_file(str(run / "checkpoints/step_4/weights.safetensors")) for run in (straight, split))
+    assert wa.keys() == wb.keys() and wa
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(wa[k].abs().max() > 0 for k in wa if "lora_B" in k)  # it trained

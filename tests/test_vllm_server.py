@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from meds_cli.engine.rollout.pipeline import RolloutEngineGone, RolloutPipeline
@@ -228,3 +229,99 @@ def test_a_started_server_dying_mid_run_names_its_log_and_exit_code(tmp_path):
     message = str(gone.value)
     assert "\n" not in message and server.url in message and str(tmp_path / "vllm-server.log") in message
     assert "exited with code -9" in message
+
+
+# ---------------------------------------------------------------- several training processes
+
+
+def test_process_0_loads_each_version_once_and_unloads_only_what_no_process_still_names(fake, tmp_path):
+    from meds_cli.engine.model_io.model import apply_lora
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.rollout.training_processes import TrainingProcesses
+
+    cfg = tiny_config()
+    policy = apply_lora(tiny_model_and_tokenizer()[0], cfg.model.lora)
+    oldest_in_flight = [0]  # what the line-up's collective answers: the oldest version any process still names
+    lined_up = lambda value: min(value, oldest_in_flight[0])  # noqa: E731
+    first = VLLMServerEngine([fake.url], policy=policy, scratch_dir=tmp_path,
+                             processes=TrainingProcesses(0, 2, min=lined_up))
+    other = VLLMServerEngine([fake.url], policy=policy, scratch_dir=tmp_path,
+                             processes=TrainingProcesses(1, 2, min=lined_up))
+    request = [SampleRequest((3, 4), (7,))]
+    try:
+        for engine in (first, other):
+            engine.push_policy(0)
+        assert _loads(fake) == ["policy-v0"]  # process 0 alone loads; the push returned after the load
+        assert other.result(other.submit(request, SETTINGS)).version == 0
+        for engine in (first, other):
+            engine.push_policy(1)  # another process still names version 0: it stays loaded
+        assert other.result(other.submit(request, SETTINGS)).version == 1
+        assert set(fake.adapters) == {"policy-v0", "policy-v1"}
+        oldest_in_flight[0] = 2
+        for engine in (first, other):
+            engine.push_policy(2)
+        first.result(first.submit(request, SETTINGS))  # after the unload, in order
+        assert set(fake.adapters) == {"policy-v2"} and _loads(fake) == ["policy-v0", "policy-v1", "policy-v2"]
+        assert [b["model"] for b in fake.completions] == ["policy-v0", "policy-v1", "policy-v2"]
+        oldest_in_flight[0] = -1  # process 0 failed to load: every process ends in one line
+        with pytest.raises(RolloutEngineGone, match="process 0 could not send policy version 3"):
+            other.push_policy(3)
+    finally:
+        first.close()
+        other.close()
+
+
+def test_a_resume_at_k1_against_a_deterministic_server_samples_what_the_uninterrupted_run_did(tmp_path):
+    from safetensors.torch import load_file
+
+    settings = ("algo.name=dapo", "rollout.prompts_per_step=4", "train.steps=4", "train.checkpoint_every=2",
+                "optim.lr=0.01")  # DAPO: a reward spread to train on
+
+    def run(folder, stop_after: int | None) -> list[str]:
+        """The adapters the requests named, from the resume on where the run stops after a step."""
+        server = FakeVLLMServer().start()
+        try:
+            trainer = _trainer(folder, server.url, 1, *settings)
+            if stop_after is None:
+                trainer.train()
+                return [b["model"] for b in server.completions]
+            try:
+                for _ in range(stop_after):
+                    trainer.train_step()
+                checkpoint = trainer.save_checkpoint()
+            finally:
+                trainer.close()
+            sent = len(server.completions)
+            trainer = _trainer(folder, server.url, 1, *settings)
+            trainer.load_checkpoint(checkpoint)
+            trainer.train()
+            return [b["model"] for b in server.completions[sent:]]
+        finally:
+            server.stop()
+
+    straight, resumed = run(tmp_path / "straight", None), run(tmp_path / "split", 2)
+    # the resume sent step 3's first round again from version 1 (loaded again), then went on as the straight run
+    assert resumed[:16] == ["policy-v1"] * 16 and straight[-len(resumed):] == resumed
+    wa, wb = (load_file(str(tmp_path / run / "checkpoints/step_4/weights.safetensors"))
+              for run in ("straight", "split"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(wa[k].abs().max() > 0 for k in wa if "lora_B" in k)
+
+
+@pytest.mark.parametrize("settings, world, on_node, named", [
+    (["model.lora.enabled=false"], 2, 2, "from one training process only"),
+    (["rollout.vllm.sync=merged"], 2, 2, "from one training process only"),
+    (["rollout.server.start=true"], 4, 2, "span several nodes (2 on this one)"),
+])
+def test_what_the_server_engine_refuses_with_several_training_processes(settings, world, on_node, named):
+    from meds_cli.core.errors import UserError
+    from meds_cli.engine.rollout.engines import _several_processes_check
+
+    cfg = tiny_config("rollout.engine=hf", *settings)
+    with pytest.raises(UserError) as refused:
+        _several_processes_check(cfg, world, on_node)
+    assert named in str(refused.value)
+    _several_processes_check(cfg, 1, 1)  # one process: nothing refused
+    if "start" not in settings[0]:
+        return
+    _several_processes_check(cfg, 2, 2)  # one node: its server serves every process

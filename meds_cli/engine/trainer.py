@@ -20,7 +20,9 @@ per-sample seeds those steps will draw, with the weights of now), so that the en
 them while this step trains; a step then asks for its round as always and gets the rollouts
 sampled meanwhile (engine/rollout/pipeline.py). Steps still consume rollouts in the order they
 were sampled, so algorithms with state (MEDS's memory, EDAS's warm-up) see that order; DAPO's
-extra rounds are sampled when asked, through the same engine, from the newest weights.
+extra rounds are sampled when asked, through the same engine, from the newest weights. A
+checkpoint records the jobs in flight (and, with LoRA, their versions' adapters), which a
+resume submits again (engine/rollout/in_flight.py).
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of
@@ -39,6 +41,7 @@ import torch
 from benchmarks.tasks import PromptSampler
 from meds_cli.engine.config import to_dict
 from meds_cli.engine.rollout.batch import sample_requests, sample_rollouts, sampling_settings
+from meds_cli.engine.rollout.in_flight import read_in_flight, save_in_flight, trained_shapes
 from meds_cli.engine.rollout.pipeline import RolloutPipeline, staleness
 from meds_cli.engine.rollout.quick_eval import held_out_accuracy
 from meds_cli.engine.run_folders import checkpoints
@@ -81,6 +84,11 @@ class Trainer:
     def unwrapped(self):
         return self.acc.unwrap_model(self.model)
 
+    @property
+    def pipeline(self) -> RolloutPipeline | None:
+        """The engine when it runs apart from the trainer (engine/rollout/pipeline.py), else None."""
+        return self.engine if isinstance(self.engine, RolloutPipeline) else None
+
     # The policy's parts, as the loop, checkpoints and tests read them (engine/training/update.py).
     model = property(lambda self: self.policy.model)
     optimizer = property(lambda self: self.policy.optimizer)
@@ -95,7 +103,7 @@ class Trainer:
         timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
         t_start = time.perf_counter()
         t_window = time.monotonic()  # the pipeline's clock, for the overlap with the engine apart
-        pipeline = self.engine if isinstance(self.engine, RolloutPipeline) else None
+        pipeline = self.pipeline
         if pipeline is not None and pipeline.max_staleness:
             self._prefetch(pipeline, step, pipeline.max_staleness + 1)
         batch, sampled, info = self.collect(timing)  # sampled, rewarded, shaped, with advantages
@@ -308,7 +316,14 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints (run_folders/checkpoints.py)
 
     def _training_state(self) -> checkpoints.TrainingState:
-        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position)
+        pipeline = self.pipeline
+
+        def write_in_flight(folder: Path, rank: int) -> None:  # the sampling in flight (engine/rollout/in_flight.py)
+            save_in_flight(folder, rank, *pipeline.in_flight())
+
+        in_flight = write_in_flight if pipeline is not None and pipeline.max_staleness else None
+        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position,
+                                         in_flight)
 
     def save_checkpoint(self) -> Path:
         cfg = self.cfg
@@ -322,8 +337,14 @@ class Trainer:
         if self.acc.is_main_process:
             self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
-        if isinstance(self.engine, RolloutPipeline):
-            self.engine.finish_update(self.step)  # an engine apart is sent them as version `step`
+        pipeline = self.pipeline
+        if pipeline is not None:
+            pipeline.finish_update(self.step)  # an engine apart is sent them as version `step`
+            if pipeline.max_staleness:  # the jobs in flight at the checkpoint, from their own versions' weights
+                model = self.unwrapped
+                in_flight = read_in_flight(path, self.rank, step=self.step, trained=trained_shapes(model),
+                                           vocab_size=model.get_input_embeddings().num_embeddings)
+                pipeline.resubmit(*(in_flight or ([], None)), sampling_settings(self.cfg.rollout, self.tokenizer))
 
 
 def staleness_metrics(sampled, version: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ from meds_cli.core.errors import UserError
 from meds_cli.core.forward import decoder_layers
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.engine.rollout.engines import make_engine
+from meds_cli.engine.rollout.training_processes import TrainingProcesses
 from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
@@ -137,7 +138,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     # After prepare: the engine samples from (or is sent) the very module the optimizer updates.
     engine = make_engine(cfg, unwrapped, tokenizer,
                          scratch_dir=run_dir / "scratch",  # shared: process 0 writes there
-                         processes=world, rank=rank, task=task, autocast=acc.mixed_precision)
+                         processes=world, rank=rank, task=task, autocast=acc.mixed_precision,
+                         training_processes=TrainingProcesses(rank, world, collectives.any, collectives.min))
     # What the algorithm reads besides the update's forward, asked once: the scoring pass is
     # planned from it, and lens values the engine records while sampling (MEDS's logit lens
     # with the hf engine) stand in for the pass where the algorithm asks for them.

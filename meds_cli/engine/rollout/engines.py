@@ -17,9 +17,10 @@ from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.registry import Registry
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
 from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.hf_worker import HFWorkerEngine, parse_cores
+from meds_cli.engine.rollout.hf_worker import HFWorkerEngine, cores_of_process, parse_cores, trained_weights
 from meds_cli.engine.rollout.pipeline import RolloutPipeline
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine
+from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 from meds_cli.engine.rollout.vllm_engine import (
     VLLMEngine,
     check_vllm_settings,
@@ -102,14 +103,27 @@ def check_engine_settings(cfg) -> None:
 
 
 def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
-                autocast: str = "no") -> RolloutEngine:
+                autocast: str = "no", training_processes: TrainingProcesses = ONE_PROCESS) -> RolloutEngine:
     """The rollout engine of `rollout.engine` for the training model `model` (unwrapped); `task`:
     the run's task, whose prompts size what an engine reserves; `autocast`: the trainer's mixed
-    precision. An engine that runs apart comes behind a RolloutPipeline (rollout.max_staleness)."""
+    precision. An engine that runs apart comes behind a RolloutPipeline (rollout.max_staleness),
+    whose `training_processes` agree on its failures; with LoRA the pipeline keeps the adapters
+    its in-flight jobs sample from, for a checkpoint."""
     kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
-    engine = kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
-                               task=task, autocast=autocast)
-    return RolloutPipeline(engine, cfg.rollout.max_staleness) if kind.runs_apart else engine
+    if not kind.runs_apart:
+        return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
+                                 task=task, autocast=autocast)
+    # one agreement on a failure to start: a process whose engine never came up ends the others too
+    # the adapters of the versions in flight, for a checkpoint (small; whole models are not kept, nor
+    # merged weights a server is sent live)
+    server_full = kind is ROLLOUT_ENGINES.get("vllm-server") and sends_full_weights(cfg)
+    keeps_versions = cfg.model.lora.enabled and not server_full
+    pipeline = RolloutPipeline(None, cfg.rollout.max_staleness, processes=training_processes,
+                               snapshot=(lambda: trained_weights(model)) if keeps_versions else None)
+    pipeline.start(lambda: kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes,
+                                             rank=rank, task=task, autocast=autocast,
+                                             training_processes=training_processes))
+    return pipeline
 
 
 def resolve_backend(name: str) -> str:
@@ -142,24 +156,23 @@ ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in
 # ---------------------------------------------------------------- hf-worker
 
 
-def _one_training_process(engine: str, processes: int) -> None:
-    """An engine apart is tried with one training process only (several would each need their own
-    share of its requests and of the weight pushes)."""
-    if processes > 1:
-        raise UserError(f"rollout.engine={engine} runs with one training process for now (several have not been "
-                        "tried); use rollout.engine=hf or one process")
+def _hf_worker_check(cfg) -> None:
+    if cfg.train.sharding == "fsdp2":
+        raise UserError("rollout.engine=hf-worker gives each training process a worker with the whole model, which "
+                        "train.sharding=fsdp2 does not hold (not built); use train.sharding=none or rollout.engine=hf")
 
 
-def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, autocast: str = "no",
-                            **_):
-    _one_training_process("hf-worker", processes)
+def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0,
+                            autocast: str = "no", **_):
+    # each training process its own worker, on its share of rollout.worker.cores
     return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size, scratch_dir=scratch_dir,
-                          autocast=autocast, cores=parse_cores(cfg.rollout.worker.cores))
+                          autocast=autocast,
+                          cores=cores_of_process(parse_cores(cfg.rollout.worker.cores), rank, processes))
 
 
 ROLLOUT_ENGINES.register("hf-worker", "the hf engine's decode loop in a worker process of its own, sent the "
                                       "trained weights after each step")(EngineKind(
-    unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
+    unavailable=lambda: None, preferred=lambda: False, check=_hf_worker_check,
     for_training=_hf_worker_for_training, for_eval=_hf_for_eval, runs_apart=True))
 
 
@@ -312,12 +325,26 @@ def _start_server(cfg, tokenizer, task, scratch_dir: Path, dtype: str):
     return started, url
 
 
-def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
-                         autocast: str = "no", **_):
+def _several_processes_check(cfg, world: int, on_this_node: int) -> None:
+    """What the server engine does not do with several training processes (one line each)."""
+    if world > 1 and sends_full_weights(cfg):
+        raise UserError(f"rollout.engine=vllm-server sends full weights (no LoRA, or rollout.vllm.sync=merged) from "
+                        f"one training process only (the NCCL group is the trainer and the server's workers); this "
+                        f"launch has {world}: use LoRA with rollout.vllm.sync=adapter, or one training process")
+    if cfg.rollout.server.start and world > on_this_node:
+        raise UserError(f"rollout.server.start=true starts a server on this node, but the {world} training processes "
+                        f"span several nodes ({on_this_node} on this one), whose servers process 0 could not reach: "
+                        "start the servers yourself and give them all in rollout.server.url, or use "
+                        "meds train --slurm --server-nodes 1")
+
+
+def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, rank: int = 0, autocast: str = "no",
+                         training_processes: TrainingProcesses = ONE_PROCESS, **_):
+    from meds_cli.engine.rollout.server_placement import node_processes
     from meds_cli.engine.rollout.vllm_server import VLLMServerEngine, parse_urls, server_name, wait_healthy
 
-    _one_training_process("vllm-server", processes)
     server = cfg.rollout.server
+    _several_processes_check(cfg, training_processes.world, node_processes())
     dtype = _sampler_dtype(cfg, model, autocast, "vllm-server", say=server.start and rank == 0)
     sync = _server_sync(cfg, model, dtype, local=server.start)
     started = None
@@ -330,7 +357,8 @@ def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proc
         for url in urls:
             wait_healthy(url, server.health_timeout_s, server_name(url))
     return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
-                            request_timeout_s=server.request_timeout_s, concurrency=server.concurrency, sync=sync)
+                            request_timeout_s=server.request_timeout_s, concurrency=server.concurrency, sync=sync,
+                            processes=training_processes)
 
 
 def _server_for_eval(spec: ModelSpec, settings):

@@ -13,7 +13,11 @@ newest weights sent before it.
 It decodes under the trainer's autocast (`autocast`: the accelerator's mixed_precision) on
 `rollout.worker.cores` where given (its torch threads: one per core), else on the trainer's
 thread count; the same seeds then give the same tokens as the colocated `hf` engine.
-A worker that dies ends the run in one line (WorkerGone).
+A worker that dies ends the run in one line (RolloutEngineGone).
+
+With several training processes (DDP) each has a worker of its own, which samples that process's
+share of the prompts; the processes hold the same weights after each step, so each sends its own
+worker the same push, and `rollout.worker.cores` is dealt out among them (`cores_of_process`).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from __future__ import annotations
 import os
 import queue
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, doc
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
@@ -52,7 +58,7 @@ class WorkerConfig:
     """The `rollout.worker` config section (the hf-worker engine)."""
 
     cores: str | int = doc("", "CPU cores the worker runs on, as taskset lists them ('1', '0,2', '2-5'; '': the "
-                               "trainer's, with its thread count)", CORES)
+                               "trainer's, with its thread count); several training processes: a block each", CORES)
 
 
 def parse_cores(text: str) -> list[int]:
@@ -64,9 +70,48 @@ def parse_cores(text: str) -> list[int]:
     return cores
 
 
+def cores_of_process(cores: list[int], rank: int, world: int) -> list[int]:
+    """This process's worker's share of `cores` (consecutive blocks, one per process); [] for []."""
+    if not cores:
+        return []
+    if len(cores) < world:
+        raise UserError(f"rollout.worker.cores lists {len(cores)} core(s) for {world} training processes, each with "
+                        f"a worker of its own: list at least {world}, or '' for the trainer's")
+    return cores[rank * len(cores) // world:(rank + 1) * len(cores) // world]
+
+
 def trained_weights(model) -> dict[str, torch.Tensor]:
     """The parameters the optimizer changes, as CPU copies (full tensors under FSDP2)."""
     return {name: full_tensor(p).cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+_HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+@contextmanager
+def _hooks_set_aside(model):
+    """The model's module hooks, and the handles modules keep to them, set aside while it is saved
+    for the worker, then put back. Hooks the trainer added (gradient checkpointing's on the input
+    embeddings, a closure whose handle the model keeps) cannot be pickled, and the worker's no-grad
+    decode has no use for them."""
+    from torch.utils.hooks import RemovableHandle
+
+    def handles(value) -> bool:  # a handle, or a list of them (transformers keeps _require_grads_hooks)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return bool(items) and all(isinstance(item, RemovableHandle) for item in items)
+
+    kept = []
+    for module in model.modules():
+        kept += [(module, name, value) for name, value in vars(module).items()
+                 if (name in _HOOK_TABLES and value) or handles(value)]
+    for module, name, value in kept:
+        setattr(module, name, type(value)() if isinstance(value, (dict, list, tuple)) else None)
+    try:
+        yield
+    finally:
+        for module, name, value in kept:
+            setattr(module, name, value)
 
 
 def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: str, threads: int,
@@ -128,7 +173,8 @@ class HFWorkerEngine:
         scratch_dir = Path(scratch_dir)
         scratch_dir.mkdir(parents=True, exist_ok=True)
         model_path = scratch_dir / f"hf-worker-model-{os.getpid()}.pt"
-        torch.save(model, model_path)  # the module itself: architecture, adapter and weights
+        with _hooks_set_aside(model):  # the module itself: architecture, adapter and weights
+            torch.save(model, model_path)
         context = mp.get_context("spawn")
         self.jobs, self.results = context.Queue(), context.Queue()
         threads = len(cores) if cores else torch.get_num_threads()
@@ -147,9 +193,10 @@ class HFWorkerEngine:
 
     # ------------------------------------------------------------ SeparateEngine
 
-    def push_policy(self, version: int) -> None:
+    def push_policy(self, version: int, weights: dict | None = None) -> None:
+        weights = trained_weights(self.model) if weights is None else weights
         self._check_alive("receiving weights")
-        self.jobs.put(("weights", version, trained_weights(self.model)))
+        self.jobs.put(("weights", version, weights))
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_alive("taking a job")

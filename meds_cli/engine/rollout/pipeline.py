@@ -23,16 +23,28 @@ Every sample records the version that sampled it (Sample.policy_version, then
 Rollouts.sampler_version). Per step the pipeline reports the time the trainer waited for
 rollouts, the time the sampler sat idle (between jobs: waiting for work or for weights), and the
 share of the step during which both computed.
+
+Several training processes (training_processes.py): each has its own pipeline and engine, and
+they call `generate`, `prefetch` and `step_metrics` in the same order, so each call ends with one
+agreement on whether any process's engine failed; every process then ends in one line.
+
+In flight at a checkpoint (k >= 1): `in_flight` gives the jobs submitted and not yet taken (the
+step each is for, the policy version it samples from, its requests) and, where the pipeline was
+given a `snapshot` of the trained weights (LoRA: the adapter, small), the weights of those
+versions, kept from when they were pushed; `resubmit` sends them again to a fresh engine on
+resume, each from its own version's weights, so the resumed run samples what the uninterrupted
+one did.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from meds_cli.core.errors import UserError
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 
 RUN_ENDS = "the run stops here, its last checkpoint kept"  # how a RolloutEngineGone line ends
 
@@ -65,7 +77,8 @@ class SeparateEngine(Protocol):
 
     def result(self, ticket) -> JobResult: ...
 
-    def push_policy(self, version: int) -> None: ...
+    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now
+    def push_policy(self, version: int, weights: dict | None = None) -> None: ...
 
     def forget(self, ticket) -> None: ...  # its result is not wanted (a prefetch no step asked for)
 
@@ -136,30 +149,60 @@ def staleness(versions: Sequence[int], current: int) -> list[int]:
 # ---------------------------------------------------------------- the pipeline
 
 
+@dataclass(frozen=True)
+class InFlightJob:
+    """A job submitted ahead and not yet taken: the step it is for, the policy version it samples
+    from, and its requests (this process's share of that step's first round)."""
+
+    step: int
+    version: int
+    requests: tuple[SampleRequest, ...]
+
+
 @dataclass
 class _Pending:
     key: tuple
     ticket: object
-    step: int  # the step it was sampled for
+    job: InFlightJob
 
 
 class RolloutPipeline:
-    """An engine apart as the trainer's rollout engine (see the module docstring)."""
+    """An engine apart as the trainer's rollout engine (see the module docstring). `processes`:
+    the training processes, which agree on failures; `snapshot`: the trained weights as CPU
+    copies (given where they are small: LoRA), kept per pushed version while a job samples from
+    it, so that a checkpoint can hold them (`in_flight`)."""
 
     records_lens = False  # a LensProbe holds hooks on the trainer's model: not sent to another process
 
-    def __init__(self, engine: SeparateEngine, max_staleness: int = 0, clock=time.monotonic):
+    def __init__(self, engine: SeparateEngine | None, max_staleness: int = 0, clock=time.monotonic, *,
+                 processes: TrainingProcesses = ONE_PROCESS,
+                 snapshot: Callable[[], dict] | None = None):
         # `clock`: the engine's job times are on it (time.monotonic)
         self.engine, self.max_staleness, self.clock = engine, max_staleness, clock
-        self.name = engine.name
+        self.processes, self.snapshot = processes, snapshot
+        self.kept: dict[int, dict] = {}  # version -> its trained weights, while an in-flight job samples from it
         self.reads_policy_weights = False
         self.version = 0  # training steps whose update the trainer's weights hold
-        # the version the engine was last sent: 0 where it starts from the trainer's initial weights
-        # (the hf worker is handed the model), else -1: sent before its first job
-        self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1
         self.pending: list[_Pending] = []
         self.waits: list[tuple[float, float]] = []  # the trainer waiting for results, this step
         self.sampled_again = 0
+        if engine is not None:
+            self._use(engine)
+
+    def start(self, build: Callable[[], SeparateEngine]) -> None:
+        """Build the engine (`build()`) on every process, agreeing on a failure to start (where
+        another process's failed, this one's engine is stopped)."""
+        try:
+            self._agreed(lambda: self._use(build()))
+        except RolloutEngineGone:
+            self.close()
+            raise
+
+    def _use(self, engine: SeparateEngine) -> None:
+        self.engine, self.name = engine, engine.name
+        # the version the engine was last sent: 0 where it starts from the trainer's initial weights
+        # (the hf worker is handed the model), else -1: sent before its first job
+        self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1
 
     # ------------------------------------------------------------ the trainer's calls
 
@@ -174,10 +217,14 @@ class RolloutPipeline:
         """Nothing to free: the engine holds no memory of the trainer's devices."""
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
+        return self._agreed(lambda: self._generate(requests, settings))
+
+    def _generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         key = _key(requests, settings)
         for index, pending in enumerate(self.pending):
             if pending.key == key:
                 del self.pending[index]
+                self._forget_unused_weights()
                 result = self._wait(pending.ticket)
                 if self.version - result.version <= self.max_staleness:
                     return result.samples
@@ -190,20 +237,64 @@ class RolloutPipeline:
         requests takes their result."""
         if self.max_staleness < 1:
             raise ValueError("prefetching needs rollout.max_staleness >= 1")
-        self.pending.append(_Pending(_key(requests, settings), self._submit(requests, settings), step))
+        self._agreed(lambda: self._prefetch(tuple(requests), settings, step))
+
+    def _prefetch(self, requests: tuple[SampleRequest, ...], settings: SamplingSettings, step: int) -> None:
+        ticket = self._submit(requests, settings)
+        self.pending.append(_Pending(_key(requests, settings), ticket, InFlightJob(step, self.pushed, requests)))
 
     def prefetched_steps(self) -> set[int]:
-        return {p.step for p in self.pending}
+        return {p.job.step for p in self.pending}
 
     def forget_through(self, step: int) -> None:
         """Drop what was prefetched for steps up to `step` and not asked for (a step that drew other
         prompts than planned, as after DAPO's extra rounds): it is never trained on."""
-        for pending in [p for p in self.pending if p.step <= step]:
+        for pending in [p for p in self.pending if p.job.step <= step]:
             self.engine.forget(pending.ticket)
             self.pending.remove(pending)
+        self._forget_unused_weights()
+
+    # ------------------------------------------------------------ in flight at a checkpoint
+
+    def in_flight(self) -> tuple[list[InFlightJob], dict[int, dict] | None]:
+        """The jobs submitted and not yet taken, in order, and the trained weights of the versions
+        they sample from (None where the pipeline keeps none: full weights)."""
+        jobs = [p.job for p in self.pending]
+        if self.snapshot is None:
+            return jobs, None
+        return jobs, {job.version: self.kept[job.version] for job in jobs}
+
+    def resubmit(self, jobs: Sequence[InFlightJob], weights: dict[int, dict] | None,
+                 settings: SamplingSettings) -> None:
+        """On resume, after `finish_update` of the loaded step: submit `jobs` again (read from the
+        checkpoint), each from its version's `weights`, in their order; the loaded weights are
+        pushed before the next job, as in the uninterrupted run. Without `weights` (not kept: full
+        weights) nothing is submitted: those steps sample from the loaded weights."""
+        # every process pushes and submits as many: a record edited on one process would misalign them
+        shape = [len(jobs), sum(job.step for job in jobs), sum(job.version for job in jobs), weights is not None]
+        agreed = [self.processes.min(int(value)) == -self.processes.min(-int(value)) for value in shape]
+        if not all(agreed):
+            raise UserError("the checkpoint's records of the sampling in flight (in_flight_<rank>.json) differ between "
+                            "processes; resume from another checkpoint (--step N) or start a new run")
+        if weights is None:
+            return
+
+        def send():
+            for job in jobs:
+                if self.pushed != job.version:
+                    self.engine.push_policy(job.version, weights[job.version])
+                    self.pushed = job.version
+                ticket = self.engine.submit(job.requests, settings)
+                self.pending.append(_Pending(_key(job.requests, settings), ticket, job))
+        self._agreed(send)
+        if self.snapshot is not None:
+            self.kept.update(weights)
 
     def step_metrics(self, window: tuple[float, float]) -> dict[str, float]:
         """The step's waiting and overlap (the module docstring), then a fresh record for the next."""
+        return self._agreed(lambda: self._step_metrics(window))
+
+    def _step_metrics(self, window: tuple[float, float]) -> dict[str, float]:
         jobs = [(a, window[1] if b is None else b) for a, b in self.engine.job_times(window[0])]
         row = {
             "time_wait_rollouts_s": sum(b - a for a, b in self.waits),
@@ -218,7 +309,8 @@ class RolloutPipeline:
 
     def close(self) -> None:
         self.pending = []
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
     # ------------------------------------------------------------ internals
 
@@ -226,7 +318,28 @@ class RolloutPipeline:
         if self.pushed != self.version:
             self.engine.push_policy(self.version)
             self.pushed = self.version
+        if self.max_staleness and self.snapshot is not None and self.pushed not in self.kept:
+            self.kept[self.pushed] = self.snapshot()  # the trainer's weights are version `pushed` now
         return self.engine.submit(requests, replace(settings, lens=None))
+
+    def _forget_unused_weights(self) -> None:
+        """Keep only the versions a job still in flight samples from (and the newest pushed, which
+        the next job may sample from)."""
+        used = {p.job.version for p in self.pending} | {self.pushed}
+        self.kept = {v: w for v, w in self.kept.items() if v in used}
+
+    def _agreed(self, work):
+        """work() on every process, then one agreement on whether any process's engine failed:
+        every process ends in one line (its own, or that another process's engine failed)."""
+        failure = None
+        try:
+            out = work()
+        except RolloutEngineGone as error:
+            failure = error
+        if self.processes.any(failure is not None):
+            raise failure or RolloutEngineGone(f"the rollout engine of another training process failed (its "
+                                               f"own line says how); {RUN_ENDS}")
+        return out
 
     def _wait(self, ticket) -> JobResult:
         t0 = self.clock()

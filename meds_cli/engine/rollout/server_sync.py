@@ -3,14 +3,18 @@ strategy object per kind of weights, behind VLLMServerEngine.push_policy (vllm_s
 
 A strategy is told the servers and a way to call their routes (`attach`), then for each policy
 version `prepare`s it on the trainer's thread (when push_policy is called, before the next
-update can change the weights) and `apply`s it on the engine's ordered thread, between the jobs
-queued before and after the push.
+update can change the weights), `apply`s it on the engine's ordered thread, between the jobs
+queued before and after the push, and `release`s what the versions older than the oldest one a
+request in flight names still hold.
 
 - AdapterSync (LoRA with rollout.vllm.sync=adapter): `prepare` saves the adapter (peft
   save_pretrained) under <scratch>/server-adapters/policy-v<version>; `apply` loads it with
-  `/v1/load_lora_adapter` under that new name, tells the server the version
-  (`/update_weight_version`, dev mode; a server without it is not told again) and unloads the
-  previous adapter. Requests name the adapter.
+  `/v1/load_lora_adapter` under that new name (`load_inplace`: a resumed run pushing a version
+  again replaces what a server kept) and tells the server the version (`/update_weight_version`,
+  dev mode; a server without it is not told again); `release` unloads the older adapters.
+  Requests name the adapter. With several training processes only process 0 (`pushes`) saves,
+  loads and unloads; the others name the version's adapter once process 0 has loaded it
+  (vllm_server.VLLMServerEngine lines them up).
 - FullWeightSync (no LoRA, or rollout.vllm.sync=merged): the weights, LoRA folded in, cast to
   the server's dtype, go through vLLM 0.32's own weight-transfer engine over NCCL
   (vllm/distributed/weight_transfer/: the trainer-side NCCLTrainerWeightTransferEngine, made by
@@ -52,50 +56,72 @@ class PolicySync(Protocol):
 
     def attach(self, urls: Sequence[str], call: Call) -> None: ...
 
-    def prepare(self, version: int) -> object: ...
+    def prepare(self, version: int, weights: dict | None = None) -> object: ...
 
     def apply(self, version: int, prepared: object) -> None: ...
+
+    def release(self, oldest: int) -> None: ...
+
+
+def adapter_name(version: int) -> str:
+    """The name (and folder) policy version `version`'s adapter is served under."""
+    return f"policy-v{version}"
 
 
 # ---------------------------------------------------------------- LoRA adapters
 
 
 class AdapterSync:
-    """LoRA adapters through vLLM's runtime LoRA routes (the module docstring)."""
+    """LoRA adapters through vLLM's runtime LoRA routes (the module docstring). `pushes`: this
+    process loads the adapters (process 0); the others only name them."""
 
     reads_live_weights = False
 
-    def __init__(self, policy, scratch_dir: Path):
-        self.policy = policy
+    def __init__(self, policy, scratch_dir: Path, pushes: bool = True):
+        self.policy, self.pushes = policy, pushes
         self.folder = Path(scratch_dir) / "server-adapters"
         self.served_model: str | None = None
         self.tells_version = True  # False once a server says it has no /update_weight_version (no dev mode)
+        self.loaded: list[int] = []  # versions loaded on the servers and not yet unloaded (process 0)
         self.urls: list[str] = []
         self.call: Call = lambda *a, **k: None
 
     def attach(self, urls: Sequence[str], call: Call) -> None:
         self.urls, self.call = list(urls), call
 
-    def prepare(self, version: int) -> Path:
-        """Save the adapter now: the next update must not reach it."""
-        folder = self.folder / f"policy-v{version}"
+    def prepare(self, version: int, weights: dict | None = None) -> Path | None:
+        """Save the adapter now (the next update must not reach it); `weights`: an earlier version's
+        trained weights in place of the live adapter's."""
+        # on every process: a gather under FSDP2
+        state = adapter_weights(self.policy) if weights is None else {n: t for n, t in weights.items()
+                                                                       if ".lora_" in n}
+        if not self.pushes:
+            return None
+        folder = self.folder / adapter_name(version)
         if folder.exists():
             shutil.rmtree(folder)  # a resumed run pushes its versions again
-        self.policy.save_pretrained(str(folder), state_dict=adapter_weights(self.policy))
+        self.policy.save_pretrained(str(folder), state_dict=state)
         return folder
 
-    def apply(self, version: int, folder: Path) -> None:
-        name, previous = folder.name, self.served_model
-        for url in self.urls:
-            self.call(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
-            if self.tells_version and self.call(url, "/update_weight_version", {"new_version": str(version)},
-                                                absent_ok=True) is ABSENT:
-                self.tells_version = False
-        self.served_model = name
-        if previous is not None:
+    def apply(self, version: int, folder: Path | None) -> None:
+        if folder is not None:
             for url in self.urls:
-                self.call(url, "/v1/unload_lora_adapter", {"lora_name": previous})
-            shutil.rmtree(self.folder / previous, ignore_errors=True)
+                self.call(url, "/v1/load_lora_adapter", {"lora_name": folder.name, "lora_path": str(folder.resolve()),
+                                                         "load_inplace": True})
+                if self.tells_version and self.call(url, "/update_weight_version", {"new_version": str(version)},
+                                                    absent_ok=True) is ABSENT:
+                    self.tells_version = False
+            self.loaded.append(version)
+        self.served_model = adapter_name(version)
+
+    def release(self, oldest: int) -> None:
+        """Unload (and delete the folders of) the adapters older than `oldest`, which no request in
+        flight names any more."""
+        for version in [v for v in self.loaded if v < oldest]:
+            for url in self.urls:
+                self.call(url, "/v1/unload_lora_adapter", {"lora_name": adapter_name(version)})
+            shutil.rmtree(self.folder / adapter_name(version), ignore_errors=True)
+            self.loaded.remove(version)
 
 
 # ---------------------------------------------------------------- full weights over NCCL
@@ -214,8 +240,11 @@ class FullWeightSync:
     def attach(self, urls: Sequence[str], call: Call) -> None:
         self.urls, self.call = list(urls), call
 
-    def prepare(self, version: int) -> None:
-        """Send version `version` to every server now, from the live weights."""
+    def prepare(self, version: int, weights: dict | None = None) -> None:
+        """Send version `version` to every server now, from the live weights (earlier versions'
+        full weights are not kept: engines.make_engine keeps none for a resume)."""
+        if weights is not None:
+            raise ValueError("full-weight sync sends the live weights only")
         if not self.senders:
             self.senders = [self._rendezvous(url, index) for index, url in enumerate(self.urls)]
         for client, sender in self.senders:
@@ -226,6 +255,9 @@ class FullWeightSync:
 
     def apply(self, version: int, prepared: object) -> None:
         """Nothing left: the weights were sent in `prepare`."""
+
+    def release(self, oldest: int) -> None:
+        """Nothing held: the server keeps one set of weights."""
 
     def _rendezvous(self, url: str, index: int) -> tuple[RouteClient, object]:
         answer = self.call(url, "/get_world_size?include_dp=true", None)

@@ -20,7 +20,8 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
   - the policy after each optimizer step, sent by a strategy object (server_sync.py): with LoRA
     the adapter through `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (serve/lora/,
     needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=1), loaded as `policy-v<version>` (a new name and
-    folder per version: vLLM never serves a cached older one), and `/update_weight_version`
+    folder per version: vLLM never serves a cached older one; `load_inplace`, so that a resumed
+    run pushing a version again replaces what a server kept), and `/update_weight_version`
     (rl/online/, needs VLLM_SERVER_DEV_MODE=1); full weights (no LoRA, or sync=merged) through
     vLLM's weight-transfer engine over NCCL (rl/online/: `/init_weight_transfer_engine`,
     `/start_weight_update`, `/update_weights`, `/finish_weight_update`, between `/pause` and
@@ -30,6 +31,15 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
 Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
 adapter loaded before it, and records that version. A server that stops answering, or answers a
 route with an error, ends the run in one line naming it (and its log where meds started it).
+
+Several training processes (training_processes.py) each send their own share of the requests;
+process 0 alone saves and loads each version's adapter (once), the others name it in their later
+jobs. At each push every process lines up once: process 0 waits until the servers loaded the
+version, then one collective tells every process the oldest version a request still in flight on
+any process names (or that a process failed): nobody sends a request naming the version before
+it is loaded, and process 0 unloads only older adapters than that one. With one process the
+push waits for nothing (the load runs in order with the jobs) and the previous adapter is
+unloaded after it, as before.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, Sampl
 from meds_cli.engine.rollout.server_placement import ACCEPTED as GPUS_ACCEPTED
 from meds_cli.engine.rollout.server_placement import server_gpus_valid
 from meds_cli.engine.rollout.server_sync import ABSENT, AdapterSync, PolicySync
+from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 
 HOST = "127.0.0.1"  # a server meds starts listens here only
 POLL_S = 0.2
@@ -277,6 +288,9 @@ class StartedServer:
 # ---------------------------------------------------------------- the engine
 
 
+FAILED = -1  # what a process that failed gives in the push's line-up (versions are >= 0)
+
+
 class VLLMServerEngine:
     """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py). `policy`: the
     training model; `sync`: how it is sent (server_sync.py; default: its LoRA adapter);
@@ -288,9 +302,10 @@ class VLLMServerEngine:
     starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
 
     def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
-                 request_timeout_s: float = 600.0, concurrency: int = 32, sync: PolicySync | None = None):
-        self.urls, self.policy, self.server = list(urls), policy, server
-        self.sync = sync if sync is not None else AdapterSync(policy, scratch_dir)
+                 request_timeout_s: float = 600.0, concurrency: int = 32, sync: PolicySync | None = None,
+                 processes: TrainingProcesses = ONE_PROCESS):
+        self.urls, self.policy, self.server, self.processes = list(urls), policy, server, processes
+        self.sync = sync if sync is not None else AdapterSync(policy, scratch_dir, pushes=processes.pushes)
         self.sync.attach(self.urls, self._call)
         self.timeout_s = request_timeout_s
         self.ordered = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meds-server-jobs")
@@ -304,33 +319,63 @@ class VLLMServerEngine:
         self.adapter: str | None = None  # the name requests carry; None: the server's model
         self.version = -1
         self.pushes: list[int] = []
+        self.named = -1  # the version the next job names: the newest pushed
+        self.running: dict[int, tuple[int, Future]] = {}  # ticket -> (version it names, its future), until done
         self.failure: RolloutEngineGone | None = None  # a push that failed: every later job raises it
 
     # ------------------------------------------------------------ SeparateEngine
 
-    def push_policy(self, version: int) -> None:
+    def push_policy(self, version: int, weights: dict | None = None) -> None:
         """Prepare the version now (the next update must not reach it), apply it on every server in
-        order with the jobs (server_sync.py). A strategy that reads the live weights first waits
-        for the jobs queued before the push: they sample the previous version."""
+        order with the jobs (server_sync.py; with several processes process 0 sends it and the others
+        name it in their later jobs), then release what no request in flight names any more. A
+        strategy that reads the live weights first waits for the jobs queued before the push: they
+        sample the previous version. `weights`: that version's trained weights (a resumed in-flight
+        job's), where they are not the live ones."""
         self._check_server("taking weights")
         if self.sync.reads_live_weights:
             self._wait_for_queued_jobs()
-        prepared = self.sync.prepare(version)
-        self.ordered.submit(self._apply, version, prepared)  # a failure is raised by the next job
+        prepared = self.sync.prepare(version, weights)
+        applied = self.ordered.submit(self._in_order, self._apply, version, prepared)
+        self.named = version
+        oldest = version if self.processes.world == 1 else self._line_up(applied, version)
+        self.ordered.submit(self._in_order, self.sync.release, oldest)  # a failure is raised by the next job
+        self._check_server("taking weights")
+
+    def _line_up(self, applied: Future, version: int) -> int:
+        """Several processes: process 0 waits until the servers took `version`; then every process
+        learns the oldest version a request in flight on any process names (one collective, which
+        carries a failure too: no process goes on alone)."""
+        failure = None
+        if self.processes.pushes:
+            self._wait_for(applied, "loading an adapter")
+            failure = self.failure
+        in_use = min([named for named, _ in self.running.values()], default=version)
+        oldest = self.processes.min(FAILED if failure else in_use)
+        if failure:
+            raise failure
+        if oldest == FAILED:
+            raise RolloutEngineGone(f"process 0 could not send policy version {version} to the vLLM server (its "
+                                    f"own line says why); {RUN_ENDS}")
+        return oldest
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_server("taking a job")
         self.tickets += 1
         self.futures[self.tickets] = self.ordered.submit(self._run_job, self.tickets, list(requests), settings)
+        self.running = {t: job for t, job in self.running.items() if not job[1].done()}
+        self.running[self.tickets] = (self.named, self.futures[self.tickets])
         return self.tickets
 
     def result(self, ticket: int) -> JobResult:
-        future = self.futures.pop(ticket)
+        return self._wait_for(self.futures.pop(ticket), "sampling")
+
+    def _wait_for(self, future: Future, doing: str):
         while True:
             try:
                 return future.result(timeout=POLL_S)
             except FutureTimeout:
-                self._check_server("sampling")
+                self._check_server(doing)
 
     def forget(self, ticket: int) -> None:
         future = self.futures.pop(ticket, None)
@@ -350,23 +395,21 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ on the ordered thread
 
-    def _apply(self, version: int, prepared) -> None:
+    def _in_order(self, work, *args) -> None:
         try:
-            self.sync.apply(version, prepared)
+            work(*args)
         except RolloutEngineGone as err:
             self.failure = err
-            return
+
+    def _apply(self, version: int, prepared) -> None:
+        self.sync.apply(version, prepared)
         self.adapter, self.version = self.sync.served_model, version
-        self.pushes.append(version)
+        if self.processes.pushes:
+            self.pushes.append(version)
 
     def _wait_for_queued_jobs(self) -> None:
         """Until every job queued so far has run (the ordered thread takes them in turn)."""
-        marker = self.ordered.submit(lambda: None)
-        while True:
-            try:
-                return marker.result(timeout=POLL_S)
-            except FutureTimeout:
-                self._check_server("taking weights")
+        self._wait_for(self.ordered.submit(lambda: None), "taking weights")
 
     def _run_job(self, ticket: int, requests: list[SampleRequest], settings: SamplingSettings) -> JobResult:
         if self.failure is not None:

@@ -12,6 +12,8 @@ stops the run with one line naming the checkpoint it can resume from.
   step_N/weights.safetensors   trainable weights          adapter/   peft adapter (for eval)
          optimizer.{json,safetensors}  scheduler.{json,safetensors}
          rng_<rank>.{json,safetensors}  algorithm_<rank>.{json,safetensors}
+         in_flight_<rank>.json, in_flight_policy_v<V>.safetensors   at rollout.max_staleness >= 1:
+                                       the sampling in flight (engine/rollout/in_flight.py)
          state.json                    step, sampler position, world size, model, algorithm
          manifest.json                 written last: sizes and sha256 of all the above
 """
@@ -23,7 +25,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -57,6 +59,9 @@ class TrainingState:
     algorithm: Any
     step: int
     sampler_position: int
+    # writes more files of process RANK into the checkpoint folder, write_more(folder, rank): the
+    # sampling in flight of an engine apart (engine/rollout/in_flight.py), which the trainer reads back
+    write_more: Callable[[Path, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ def save_checkpoint(run: RunIdentity, state: TrainingState) -> Path:
         acc.wait_for_everyone()
         save_state(rng_state(), tmp, f"rng_{acc.process_index}")
         save_state(state.algorithm.state_dict(), tmp, f"algorithm_{acc.process_index}")
+        if state.write_more is not None:
+            state.write_more(tmp, acc.process_index)
         acc.wait_for_everyone()
         if main:
             write_manifest(tmp, step=step)
