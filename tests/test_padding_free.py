@@ -74,6 +74,40 @@ def test_a_group_runs_its_prompt_once_under_a_prefix_sharing_mask():
     assert packed.score_from.tolist() == [1, 2, 1]
 
 
+def test_pairs_per_token_and_the_shared_tokens_by_hand():
+    import math
+    import types
+
+    from meds_cli.engine.training.packing import pairs_per_token, shared_response_tokens
+
+    # SmolLM2-135M: q, o 576 x 576; k, v 576 x 192; up, gate, down 576 x 1536: 3,538,944 weights,
+    # 7,077,888 FLOPs a token; a pair 4 x 9 x 64 = 2,304: 3,072 pairs a token
+    smol = types.SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                                 intermediate_size=1536, head_dim=64)
+    assert pairs_per_token(smol) == 3072.0
+    assert pairs_per_token(types.SimpleNamespace()) == 3000.0  # no sizes: the default
+    # P = 56 at 3,072: sqrt(56^2 + 3072 x 56) = sqrt(175,168) = 418.5
+    assert shared_response_tokens(56, 3072.0) == pytest.approx(math.sqrt(175168))
+    assert shared_response_tokens(0, 3072.0) == 0.0  # nothing to share: every response alone
+
+
+def test_a_prompt_is_shared_by_as_many_response_tokens_as_pay_for_it():
+    from meds_cli.engine.training.packing import split_shared_unit
+
+    # P = 56 at 3,072 pairs a token: at most 418 response tokens a run, as few runs as that allows,
+    # balanced, in the rows' order
+    assert split_shared_unit([0, 1, 2, 3], 56, [128] * 4, 3072.0) == [[0, 1], [2, 3]]
+    assert split_shared_unit([0, 1, 2, 3], 56, [300, 20, 20, 300], 3072.0) == [[0, 1], [2, 3]]
+    assert split_shared_unit([0, 1, 2, 3], 56, [512] * 4, 3072.0) == [[0], [1], [2], [3]]
+    assert split_shared_unit([4, 5, 6], 56, [48] * 3, 3072.0) == [[4, 5, 6]]
+    # at 2 pairs a token attention is dear: sqrt(4 + 4) = 2.8 response tokens a prompt
+    ids = torch.tensor([[5, 6, 1, 2], [5, 6, 3, 0]])
+    attention = (ids != 0).long()
+    packed = pack_rows(ids, attention, 2, ids[:, 2:], attention[:, 2:], share_prompts=True, pairs_per_token=2.0)
+    assert packed.input_ids.tolist() == [[5, 6, 1, 2], [5, 6, 3, 0]]  # a prompt copy per response
+    assert packed.score_from.tolist() == [1, 2, 5]
+
+
 def test_the_mask_is_additive_for_eager_attention_and_padding_sees_itself():
     unit = torch.tensor([[0, 0, -1]])
     part = torch.tensor([[0, 1, 0]])

@@ -16,12 +16,15 @@ response carries its own copy of the prompt.
 Packed rows are as wide as the longest sequence (or, where attention is variable-length, one row
 of everything): a mask-based attention computes every query against every key of its row, so
 one long row would cost the square of the micro-batch's tokens; rows as wide as the longest
-sequence cost little more than the sequences' own squares, for a little padding at row ends.
+sequence cost little more than the sequences' own squares, for a little padding at row ends. For
+the same reason a prompt is shared by as many response tokens as balance its copies against the
+attention they add (shared_response_tokens), not by all G responses at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +44,26 @@ def attention_implementation(model) -> str:
     return str(getattr(config, "_attn_implementation", None) or "eager")
 
 
+DEFAULT_PAIRS_PER_TOKEN = 3000.0  # SmolLM2-135M's figure, for a config that does not say its sizes
+
+
+def pairs_per_token(config) -> float:
+    """How many attention (query, key) pairs cost what one token's matrix products cost, in a
+    decoder layer's FLOPs: a token runs 2 x (the layer's linear weights) multiply-adds, a pair
+    4 x heads x head size (q.k and p.v). Machine-independent; the kernels' own efficiencies are not
+    in it (on the 2-core EPYC of docs/long-tailed-batches.md, masked CPU attention ran at about
+    2.5 times fewer pairs per token's time)."""
+    try:
+        hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+        head = int(getattr(config, "head_dim", None) or hidden // heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        intermediate = int(config.intermediate_size)
+    except (AttributeError, TypeError, ValueError):
+        return DEFAULT_PAIRS_PER_TOKEN
+    linear = hidden * heads * head * 2 + hidden * kv_heads * head * 2 + 3 * hidden * intermediate
+    return 2 * linear / (4 * heads * head)
+
+
 @dataclass(frozen=True)
 class Packing:
     """How the run's forwards lay out their rows: `on` (packed), `masked` (a prefix-sharing mask
@@ -50,6 +73,8 @@ class Packing:
     on: bool = False
     masked: bool = False
     one_row: bool = False
+    # attention pairs that cost one token's matrix products (the model's; not part of the layout choice)
+    pairs_per_token: float = field(default=DEFAULT_PAIRS_PER_TOKEN, compare=False)
 
     @classmethod
     def for_model(cls, model, setting: str | bool = "auto") -> Packing:
@@ -59,7 +84,9 @@ class Packing:
         implementation = attention_implementation(model)
         if setting == "false" or (setting == "auto" and implementation not in PACKED_POSITION_ATTENTION):
             return cls()
-        return cls(True, implementation in MASKED_ATTENTION, implementation in VARLEN_ATTENTION)
+        inner = getattr(model, "module", model)
+        return cls(True, implementation in MASKED_ATTENTION, implementation in VARLEN_ATTENTION,
+                   pairs_per_token(getattr(inner, "config", None)))
 
 
 PADDED = Packing()  # micro-batches padded (train.padding_free false; the functions' default)
@@ -115,7 +142,7 @@ def sequence_columns(attention_mask: torch.Tensor, prompt_width: int, response_m
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int, response_ids: torch.Tensor,
               response_mask: torch.Tensor, *, share_prompts: bool = False, one_row: bool = False,
-              mask_dtype: torch.dtype | None = None) -> PackedRows:
+              mask_dtype: torch.dtype | None = None, pairs_per_token: float = DEFAULT_PAIRS_PER_TOKEN) -> PackedRows:
     """The packed layout of these rows. `share_prompts`: rows with the same prompt form one unit
     (the prompt once, then each response) under a prefix-sharing mask, boolean (sdpa) or, with
     `mask_dtype`, additive in that dtype (eager). `one_row`: every unit in one row (variable-length
@@ -126,7 +153,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_widt
     units: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
         units.setdefault(key, []).append(i)
-    unit_rows = list(units.values())
+    unit_rows = [part for rows in units.values()
+                 for part in split_shared_unit(rows, len(prompts[rows[0]]), [len(responses[i]) for i in rows],
+                                               pairs_per_token)]
     unit_lengths = [len(prompts[rows[0]]) + sum(len(responses[i]) for i in rows) for rows in unit_rows]
     total = sum(unit_lengths)
     row_width = max(total if one_row else max(unit_lengths, default=0), 1)
@@ -171,6 +200,35 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_widt
         mask = prefix_sharing_mask(unit_of.view(k, row_width), part_of.view(k, row_width), mask_dtype)
     return PackedRows(flat_ids.view(k, row_width), positions.view(k, row_width), mask, layout, score_from, score_to,
                       response_ids.reshape(-1)[score_to], b, width)
+
+
+def shared_response_tokens(prompt_length: int, pairs_per_token: float) -> float:
+    """How many response tokens one copy of a prompt should be shared by in a packed row.
+
+    A mask-based attention computes every query of a row against every key, so one copy of a
+    prompt of P tokens followed by responses of n tokens in all costs (P + n)^2 pairs, while each
+    further copy costs P tokens. Per response token, c(n) = (P + n)^2 / (a n) + P / n with a pairs
+    per token (pairs_per_token); it is least at n = sqrt(P^2 + a P). Sharing a prompt among all G
+    responses instead costs G times the attention a padded row needs at long responses (and a
+    [W, W] mask that large)."""
+    return math.sqrt(prompt_length ** 2 + pairs_per_token * prompt_length)
+
+
+def split_shared_unit(rows: list[int], prompt_length: int, response_lengths: list[int],
+                      pairs_per_token: float = DEFAULT_PAIRS_PER_TOKEN) -> list[list[int]]:
+    """A group's rows (one prompt) cut into runs that share one copy of the prompt, in the rows'
+    order: as few runs as keep each within shared_response_tokens, balanced (the rows are packed
+    into rows as wide as the widest run, so one wide run would make the others' rows wide too)."""
+    total = sum(response_lengths)
+    cap = shared_response_tokens(prompt_length, pairs_per_token)
+    count = min(len(rows), max(1, math.ceil(total / cap))) if cap > 0 else len(rows)
+    target = max(total / count, 1e-9)
+    runs: list[list[int]] = [[] for _ in range(count)]
+    before = 0
+    for row, length in zip(rows, response_lengths):
+        runs[min(count - 1, int((before + length / 2) / target))].append(row)  # by the response's middle
+        before += length
+    return [run for run in runs if run]
 
 
 def _number_the_padding(positions: torch.Tensor, start: int, end: int) -> None:

@@ -142,7 +142,8 @@ def _packed_forward(model, input_ids, attention_mask, prompt_width, response_ids
     entropies scattered back to [b, R]; the views' hidden states gathered per sequence."""
     device = input_ids.device
     packed = pack_rows(input_ids.cpu(), attention_mask.cpu(), prompt_width, response_ids.cpu(), response_mask.cpu(),
-                       share_prompts=share_prompts, one_row=packing.one_row, mask_dtype=mask_dtype_for(model))
+                       share_prompts=share_prompts, one_row=packing.one_row, mask_dtype=mask_dtype_for(model),
+                       pairs_per_token=packing.pairs_per_token)
     out, last = _final_states(model, output_hidden_states=hidden_states, **packed_inputs(packed, device))
     scored = gather_packed(last, packed.score_from)  # [n, H]
     logp, entropy = token_logprobs_and_entropy(scored.unsqueeze(0), logit_function(model),
