@@ -113,13 +113,11 @@ def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: in
     if not kind.runs_apart:
         return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
                                  task=task, autocast=autocast)
-    # one agreement on a failure to start: a process whose engine never came up ends the others too
-    # the adapters of the versions in flight, for a checkpoint (small; whole models are not kept, nor
-    # merged weights a server is sent live)
-    server_full = kind is ROLLOUT_ENGINES.get("vllm-server") and sends_full_weights(cfg)
-    keeps_versions = cfg.model.lora.enabled and not server_full
+    # the adapters of the versions in flight, for a checkpoint (small: whole models are not kept; an
+    # engine that sends live weights only drops them, RolloutPipeline._use)
     pipeline = RolloutPipeline(None, cfg.rollout.max_staleness, processes=training_processes,
-                               snapshot=(lambda: trained_weights(model)) if keeps_versions else None)
+                               snapshot=(lambda: trained_weights(model)) if cfg.model.lora.enabled else None)
+    # one agreement on a failure to start: a process whose engine never came up ends the others too
     pipeline.start(lambda: kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes,
                                              rank=rank, task=task, autocast=autocast,
                                              training_processes=training_processes))

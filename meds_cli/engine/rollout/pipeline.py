@@ -77,7 +77,8 @@ class SeparateEngine(Protocol):
 
     def result(self, ticket) -> JobResult: ...
 
-    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now
+    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now.
+    # An engine whose `takes_kept_weights` is False (default True) sends the live weights only.
     def push_policy(self, version: int, weights: dict | None = None) -> None: ...
 
     def forget(self, ticket) -> None: ...  # its result is not wanted (a prefetch no step asked for)
@@ -200,6 +201,8 @@ class RolloutPipeline:
 
     def _use(self, engine: SeparateEngine) -> None:
         self.engine, self.name = engine, engine.name
+        if not getattr(engine, "takes_kept_weights", True):
+            self.snapshot = None  # it sends its live weights only (a server sent full weights): nothing to keep
         # the version the engine was last sent: 0 where it starts from the trainer's initial weights
         # (the hf worker is handed the model), else -1: sent before its first job
         self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1

@@ -301,6 +301,11 @@ class VLLMServerEngine:
     reads_policy_weights = False
     starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
 
+    @property
+    def takes_kept_weights(self) -> bool:
+        """An earlier version's weights can be pushed (adapters), not where the sync reads the live ones."""
+        return not self.sync.reads_live_weights
+
     def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
                  request_timeout_s: float = 600.0, concurrency: int = 32, sync: PolicySync | None = None,
                  processes: TrainingProcesses = ONE_PROCESS):
