@@ -11,28 +11,30 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 
-
-def damaged(path, problem: str) -> UserError:
-    return UserError(f"'{path}' {problem}; was it edited or cut short? Restore it or delete the folder's "
-                     "results and rerun")
+RERUN = "Restore it or delete the folder's results and rerun"  # what to do, for a results folder's file
 
 
-def read_json(path: Path, kind: type = dict):
+def damaged(path, problem: str, advice: str = RERUN) -> UserError:
+    return UserError(f"'{path}' {problem}; was it edited or cut short? {advice}")
+
+
+def read_json(path: Path, kind: type = dict, advice: str = RERUN):
     """The JSON document of `path`, refused in one line when it does not parse or is not a `kind`."""
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise damaged(path, "is not UTF-8 text") from None
+        raise damaged(path, "is not UTF-8 text", advice) from None
     except (ValueError, RecursionError) as error:
-        raise damaged(path, f"is not valid JSON ({str(error).splitlines()[0][:80]})") from None
+        raise damaged(path, f"is not valid JSON ({str(error).splitlines()[0][:80]})", advice) from None
     if not isinstance(document, kind):
-        raise damaged(path, f"holds a {type(document).__name__}, not a JSON {'object' if kind is dict else 'list'}")
+        raise damaged(path, f"holds a {type(document).__name__}, not a JSON {'object' if kind is dict else 'list'}",
+                      advice)
     return document
 
 
-def require(ok: bool, path, problem: str) -> None:
+def require(ok: bool, path, problem: str, advice: str = RERUN) -> None:
     if not ok:
-        raise damaged(path, problem)
+        raise damaged(path, problem, advice)
 
 
 def is_number(value) -> bool:

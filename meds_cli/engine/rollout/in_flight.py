@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-from meds_cli.core.errors import UserError
-from meds_cli.core.read_back import read_json
+from meds_cli.core.read_back import read_json, require
 from meds_cli.engine.rollout.pipeline import InFlightJob
 from meds_cli.engine.rollout.sampling_engine import SampleRequest
 from meds_cli.engine.run_folders.state_codec import read_tensors
@@ -34,6 +33,9 @@ from meds_cli.engine.run_folders.state_codec import read_tensors
 FORMAT, VERSION = "meds-in-flight", 1
 SEED_LIMIT = 2**62  # sample_rollouts draws seeds below it
 NOT_KEPT = "not saved: full fine-tuning keeps no earlier weights, so a resume samples these steps from the loaded ones"
+
+
+ADVICE = "Resume from another checkpoint (--step N) or start a new run"  # for a damaged record
 
 
 def jobs_file(folder: Path, rank: int) -> Path:
@@ -66,7 +68,7 @@ def read_in_flight(folder: Path, rank: int, *, step: int, trained: dict[str, tor
     path = jobs_file(folder, rank)
     if not path.is_file():
         return None
-    record = read_json(path)
+    record = read_json(path, advice=ADVICE)
     _require(record.get("format") == FORMAT and record.get("version") == VERSION, path,
              f"is not a {FORMAT} file of version {VERSION}")
     jobs_in = record.get("jobs")
@@ -117,6 +119,4 @@ def _integer(value) -> bool:
 
 
 def _require(ok: bool, path: Path, problem: str) -> None:
-    if not ok:
-        raise UserError(f"checkpoint file '{path}' {problem}; it was damaged or edited: resume from another "
-                        "checkpoint (--step N) or start a new run")
+    require(ok, path, problem, ADVICE)
