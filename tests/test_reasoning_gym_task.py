@@ -8,11 +8,13 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.prompts import QWEN_BOXED_INSTRUCTION, build_prompt
+from benchmarks.harness import EvalSettings
+from benchmarks.prompts import QWEN_BOXED_INSTRUCTION, build_prompt, problem_prompt
 from benchmarks.reasoning_gym_task import ReasoningGymTask, generator_seed, score_verdict
 from benchmarks.tasks import build_task
 from meds_cli.app import app
 from meds_cli.core.errors import UserError
+from meds_cli.core.records import Problem
 from meds_cli.engine.config import load_config
 from tests.cli_errors import one_error_line
 
@@ -147,6 +149,11 @@ def test_plain_prompt_is_the_question_alone():
     problem = task.held_out[0]
     assert task.prompt(problem, None) == problem.question == problem.meta["entry"]["question"]
     assert build_prompt("what is 2+2", None, "plain") == "what is 2+2"
+    code = Problem(id="c", question="def f(x):\n", answer={"completes_prompt": True})
+    assert problem_prompt("code", code, None, "plain") == code.question
+    EvalSettings(benchmarks=["math500"], prompt="plain").validate()  # meds eval --prompt plain
+    with pytest.raises(UserError, match="accepted: auto, boxed, chat, plain"):
+        EvalSettings(benchmarks=["math500"], prompt="plane").validate()
     boxed = gym_task("task.prompt_style=boxed").prompt(problem, None)
     assert boxed == f"{problem.question}\n{QWEN_BOXED_INSTRUCTION}"
 
@@ -191,6 +198,7 @@ def test_missing_extra_names_it_with_its_brackets(tmp_path, monkeypatch):
     line = one_error_line(gym_train(tmp_path, "task.dataset=chain_sum"))
     assert "pip install -e '.[gym]'" in line, line
     assert "reasoning-gym" in line
+    assert "reasoning-gym" in invoke("list").output  # listed without the package: it is imported when chosen
 
 
 def test_listed():
