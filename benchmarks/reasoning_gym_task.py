@@ -32,10 +32,9 @@ import functools
 import hashlib
 from typing import Any
 
-from benchmarks.answer_extraction import extract_answer
 from benchmarks.prompts import answer_tags_prompt
 from benchmarks.registry import TASKS
-from benchmarks.tasks import Task
+from benchmarks.tasks import Task, integer_answer
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.records import Problem, Verdict
 
@@ -48,8 +47,6 @@ RUN_OWNED_SETTINGS = ("seed", "size")
 # (coupon collecting a space of n questions takes about n ln n draws), and one with a space of a
 # tenth of it is told so after a few seconds (chain_sum draws an item in 0.1 ms).
 DRAWS_PER_PROBLEM = 10
-# task.answer_format -> the extraction mode of benchmarks.answer_extraction (answer_tags: reasoning-gym's reader)
-_EXTRACTION_MODES = {"boxed": "boxed", "boxed_or_last_integer": "boxed_then_last_number"}
 
 
 def reasoning_gym():
@@ -127,12 +124,13 @@ def distinct_items(dataset, wanted: int, max_draws: int) -> list[dict]:
 
 
 def answer_text(response: str, answer_format: str) -> str | None:
-    """The answer of a response in `answer_format`, or None when it gives none."""
+    """The answer of a response in `answer_format`, or None when it gives none: reasoning-gym's
+    own reader for its <answer> tags, else the arithmetic task's (the last box, or the last number)."""
     if not response:
         return None
     if answer_format == "answer_tags":
         return reasoning_gym().utils.extract_answer(response)
-    return extract_answer(response, _EXTRACTION_MODES[answer_format])
+    return integer_answer(response, answer_format)
 
 
 def score_verdict(score: float, extracted: str | None, partial_credit: bool, error: str = "") -> Verdict:
