@@ -3,11 +3,14 @@ observation inserted verbatim and cut where it should be, state kept between a r
 the call limit, hostile blocks contained in one line, the loss mask and the model-token positions,
 and the turn loop end to end with a scripted fake engine (tests/scripted_tool_engine.py)."""
 
+from dataclasses import dataclass
+
 import pytest
 
 from benchmarks.sandbox import isolation_mode
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import validate_section
+from meds_cli.engine.config import build
 from meds_cli.engine.rollout.tools import python_session
 from meds_cli.engine.rollout.tools.blocks import closed_block, cut_to_tokens, observation_text, stop_strings
 from meds_cli.engine.rollout.tools.python_session import PythonSession, run_blocks
@@ -236,6 +239,13 @@ def test_several_responses_go_through_the_loop_together():
     assert engine.tokenizer.decode(responses[3].layout()[0]) == scripts[3] and responses[3].stats.calls == 0
 
 
+def test_a_pause_at_a_fence_that_closes_no_code_block_samples_on():
+    script = "A table:\n```\n1 2\n```\nand the answer 3."
+    engine, [response] = run_loop([PROMPT], [script])
+    assert engine.tokenizer.decode(response.layout()[0]) == script and set(response.layout()[1]) == {1}
+    assert len(engine.contexts) == 3 and response.stats.calls == 0  # paused at both fences, ran nothing
+
+
 def test_the_token_budget_counts_observations_and_ends_the_response():
     budget = len("Compute it.\n```python\nx = 6 * 7\nprint(x)\n```\n") + 5
     engine, [response] = run_loop([PROMPT], [SCRIPT], max_new_tokens=budget)
@@ -266,3 +276,15 @@ def test_default_settings_are_valid_and_off():
     settings = ToolSettings()
     validate_section(settings, "rollout.tools.")
     assert not settings.enabled and settings.tools == []
+
+
+def test_settings_plug_into_the_rollout_section_as_a_base_class():
+    @dataclass
+    class Rollout(ToolSettings):  # how engine/config.py's RolloutConfig takes the fields (docs/tools.md)
+        max_new_tokens: int = 64
+
+    section = build(Rollout, {"tools": ["python"], "max_tool_calls": 2, "max_new_tokens": 128}, "rollout.")
+    validate_section(section, "rollout.")
+    assert section.enabled and TurnLimits.of(section, section.max_new_tokens) == TurnLimits(128, 2, 512)
+    with pytest.raises(UserError, match="config key 'rollout.tools' has value 'python'; expected a list of str"):
+        build(Rollout, {"tools": "python"}, "rollout.")
