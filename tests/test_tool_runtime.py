@@ -192,6 +192,13 @@ def test_the_loop_runs_a_block_inserts_its_output_and_samples_on():
     assert stats.tool_seconds > 0
 
 
+def test_the_worked_example_of_the_docs():
+    model_1 = "Let's compute it directly.\n```python\ntotal = sum(k**2 for k in range(1, 21))\nprint(total)\n```\n"
+    model_2 = "The sum of the squares of the first 20 positive integers is \\boxed{2870}."
+    engine, [response] = run_loop([PROMPT], [model_1 + model_2])
+    assert engine.tokenizer.decode(response.layout()[0]) == model_1 + "```output\n2870\n```\n" + model_2
+
+
 def test_a_long_output_is_cut_in_the_observation():
     script = "```python\nprint('a' * 50)\n```\nDone."
     settings = ToolSettings(tools=["python"], tool_output_tokens=10)
