@@ -46,7 +46,8 @@ def main() -> None:
     results = run_blocks([(s, block(0, args.sympy)) for s in sessions], workers=workers)
     seconds = time.perf_counter() - start
     assert all(r.outcome == "passed" for r in results)
-    print(f"{args.responses} responses' first blocks at once: {seconds:.3f} s, {seconds / args.responses:.3f} s a block")
+    each = seconds / args.responses
+    print(f"{args.responses} responses' first blocks at once: {seconds:.3f} s, {each:.3f} s a block")
 
 
 if __name__ == "__main__":
