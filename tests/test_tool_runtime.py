@@ -145,6 +145,17 @@ def test_a_fork_bomb_is_contained():
     assert after.output == "alive\n"
 
 
+@pytest.mark.skipif(isolation_mode() != "netns", reason="needs root + unshare/setpriv (namespaces, uid switch)")
+@pytest.mark.parametrize("source", [
+    "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)",
+    "open('/root/meds-tool-escape', 'w').write('x')",
+])
+def test_no_network_and_no_file_outside_the_work_folder(source):
+    [result] = run_in_session(PythonSession(time_limit_s=2.0), source)
+    assert result.failed and not result.timed_out and "\n" not in result.output
+    assert result.output.split(":")[0] in ("OSError", "ConnectionRefusedError", "PermissionError")
+
+
 def test_blocks_of_several_responses_run_in_one_parallel_pool(monkeypatch):
     batches = []
     real = python_session.run_many

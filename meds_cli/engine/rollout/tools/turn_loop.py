@@ -103,7 +103,9 @@ class ToolResponse:
 
     segments: list[Segment] = field(default_factory=list)
     stats: ToolStats = field(default_factory=ToolStats)
-    finished: bool = False  # ended by EOS (or the engine's own limit), not by the loop's token budget
+    # The engine ended the last turn (EOS or the token budget), rather than the loop after an
+    # observation that filled the budget.
+    finished: bool = False
 
     @property
     def length(self) -> int:
