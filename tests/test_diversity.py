@@ -204,3 +204,22 @@ def test_the_report_reads_older_runs_from_the_older_keys(tmp_path, monkeypatch):
     report = ablate_report.variant_result(tmp_path, tmp_path / "results.json")
     assert (report["distinct_wrong"], report["entropy"], report["eigen_ratio"]) == (2.0, 1.5, 0.9)
     assert report["one_error"] is None and report["eigen_ratio_curve"] == [[1, 0.9]]
+
+
+def test_the_probe_changes_nothing_the_run_trains_on(tmp_path):
+    """Recording the diversity probe's values while sampling leaves the samples and the update as
+    they are without it: every logged number but the probe's own is the same."""
+    from meds_cli.engine.trainer import Trainer
+    from tests.conftest import tiny_config
+
+    rows = {}
+    for name, extra in (("probe", []), ("none", ["train.diversity_layers=none"])):
+        cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6",
+                          *extra, output_dir=tmp_path / name)
+        trainer = Trainer(cfg, tmp_path / name)
+        assert (trainer.lens_probe is not None) == (name == "probe")
+        rows[name] = [trainer.train_step() for _ in range(2)]
+    for probed, plain in zip(rows["probe"], rows["none"]):
+        assert "diversity/eigen_ratio_top1" in probed and "diversity/eigen_ratio_top1" not in plain
+        same = [k for k in plain if not k.startswith("time_") and k != "tokens_per_s"]
+        assert {k: probed[k] for k in same} == {k: plain[k] for k in same}

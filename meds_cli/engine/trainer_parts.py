@@ -26,7 +26,7 @@ from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.engine.training.collectives import Collectives
-from meds_cli.engine.training.diversity import DiversityProbe, diversity_probe
+from meds_cli.engine.training.diversity import DiversityMetrics, diversity_probe
 from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.packing import Packing, attention_implementation, padding_free_line
 from meds_cli.engine.training.precision import choose_mixed_precision, precision_line
@@ -96,7 +96,7 @@ class TrainerParts:
     forward_needs: object  # what the algorithm reads besides the update's forward
     lens_probe: object  # the logit-lens values the engine records while sampling, or None
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
-    diversity: DiversityProbe  # the diversity/ metrics every algorithm logs per step
+    diversity: DiversityMetrics  # the diversity/ metrics every algorithm logs per step
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
     precision: str  # the line saying which precision the run computes in and why
     layout: str  # the line saying whether forwards run padding-free, and how prompts are shared
@@ -167,7 +167,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
         forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
-        diversity=DiversityProbe(tokenizer, probe, collectives.sum),
+        diversity=DiversityMetrics(tokenizer, probe, collectives.sum),
         sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
         precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)),
         layout=padding_free_line(packing, cfg.train.padding_free, attention_implementation(unwrapped),

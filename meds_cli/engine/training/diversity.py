@@ -90,7 +90,7 @@ def diversity_metrics(sampled: Rollouts, trained: Rollouts | None, tokenizer=Non
 
 
 @dataclass
-class DiversityProbe:
+class DiversityMetrics:
     """What the loop needs to log the diagnostics each step (built by engine/trainer_parts.py)."""
 
     tokenizer: object
