@@ -3,9 +3,9 @@ that records no logit-lens values of its own (GRPO):
 
 1. the metrics themselves (answer classes, y* anchors, per-group eigen ratios), timed inside a
    GRPO run's steps, against the step's time;
-2. the probe: sampling one batch with and without the diversity probe's logit-lens values
-   recorded in the decode loop (the same seeds, so the same responses; best of --repeats,
-   interleaved so that load hits both alike: scripts/bench_meds.py sampling_ab);
+2. the probe: this process's CPU time sampling one batch with and without the diversity probe's
+   logit-lens values recorded in the decode loop (the same seeds, so the same responses; best of
+   --repeats, interleaved so that load hits both alike: scripts/bench_meds.py sampling_ab);
 3. the formulas alone at a larger batch (--prompts x --group responses, --layers features):
    answer classes and eigen ratios, no model.
 
@@ -121,9 +121,9 @@ def main() -> None:
         print(f"diversity metrics per step: {metrics_wall * 1000:.1f} ms wall, {metrics_cpu * 1000:.1f} ms CPU "
               f"= {metrics_cpu / step_cpu:.2%} of the step's CPU time ({step_cpu:.3f} s)")
         if args.repeats and trainer.lens_probe is not None:
-            plain, probed = sampling_ab(trainer, args.repeats)
-            print(f"sampling one batch, best of {args.repeats} (interleaved): without the probe {plain:.3f} s, "
-                  f"recording it {probed:.3f} s ({probed / plain - 1:+.1%})")
+            plain, probed = sampling_ab(trainer, args.repeats, time.process_time)
+            print(f"sampling one batch, CPU time, best of {args.repeats} (interleaved): without the probe "
+                  f"{plain:.3f} s, recording it {probed:.3f} s ({probed / plain - 1:+.1%})")
     answers, eigen = formulas_alone(64, 8, 14, 5)
     print(f"formulas alone, 64 x 8 responses, 14 layers (best of 5): answer classes and counts "
           f"{answers * 1000:.2f} ms, eigen ratios {eigen * 1000:.2f} ms")

@@ -196,7 +196,7 @@ class Trainer:
             return None, sampled, info
         if self.scoring == "trained":  # only the groups that train; the same count on every process
             self._score(batch, timing)
-        if self.lens_probe is not None:  # the engine recorded the lens values while sampling
+        if self.forward_needs.lens is not None:  # the algorithm reads lens values the engine recorded while sampling
             t0 = time.perf_counter()
             algo.observe_probe(batch, self.tokenizer)
             timing["time_score_s"] += time.perf_counter() - t0

@@ -11,7 +11,7 @@ policy is prepared, so it samples from (or is sent) the very module the optimize
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -94,7 +94,8 @@ class TrainerParts:
     metrics: MetricsLog  # the run folder's metrics.jsonl
     engine: object  # the rollout engine (engine/rollout/engines.py)
     forward_needs: object  # what the algorithm reads besides the update's forward
-    lens_probe: object  # the logit-lens values the engine records while sampling, or None
+    lens_probe: object  # the logit-lens values the engine records while sampling (the algorithm's or the
+    # diversity probe), or None; the algorithm is handed them where its forward_needs.lens asked
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
     diversity: DiversityMetrics  # the diversity/ metrics every algorithm logs per step
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
@@ -155,8 +156,6 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
                                           forward_needs.lens)
     if not_measured:
         say(acc, f"[yellow]note:[/] {not_measured}")
-    if probe is not None and forward_needs.lens is None:
-        forward_needs = replace(forward_needs, lens=probe)
     scoring = scoring_pass(forward_needs.view, uses_reference=algorithm.uses_reference,
                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
                            setting=cfg.train.scoring_pass,
@@ -166,7 +165,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         reward_functions=reward_functions, tokenizer=tokenizer, sampler=sampler, tracker=tracker, policy=policy,
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
-        forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
+        forward_needs=forward_needs, lens_probe=forward_needs.lens or probe, scoring=scoring,
         diversity=DiversityMetrics(tokenizer, probe, collectives.sum),
         sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
         precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)),
