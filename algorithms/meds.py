@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from algorithms.base import OnBase, register
+from algorithms.diversity import mean_group_eigen_ratio
 from algorithms.meds_clusterers import CLUSTERERS, cluster_settings
 from algorithms.meds_feature_builders import FEATURE_BUILDERS, answered_rows, build_feature_builder
 from algorithms.meds_features import ANCHOR_RULES, FEATURE_DTYPES, check_layer_spec, resolve_layers, rounded_features
@@ -41,10 +42,8 @@ from algorithms.meds_memory import (
     Memory,
     bounded,
     cluster_penalty,
-    l2_normalize,
     shape_rewards_with_penalty,
     snippet,
-    top1_eigen_ratio,
 )
 from algorithms.meds_parallel import assign_all, labels_all, resolve_workers
 from meds_cli.core.errors import UserError
@@ -269,10 +268,9 @@ class MEDS(OnBase):
                                                        if clusters["correct"] else 0.0)
             out["meds/correct_penalty_mean"] = ex[PENALTY][correct].mean().item()
         # Top-1 eigen ratio per group over all its responses, in the normalised space HDBSCAN sees.
-        ratios = [top1_eigen_ratio(l2_normalize(ex[FEATURES][rows].numpy())) for rows in rollouts.groups()]
-        ratios = [r for r in ratios if r is not None]
-        if ratios:
-            out["meds/eigen_ratio_top1"] = float(np.mean(ratios))
+        ratio = mean_group_eigen_ratio(ex[FEATURES], rollouts.groups())  # algorithms/diversity.py
+        if ratio is not None:
+            out["meds/eigen_ratio_top1"] = ratio
         if ANCHOR_KIND in ex:  # logit-lens features only
             out["meds/boxed_anchor_share"] = sum(k == "boxed" for k in ex[ANCHOR_KIND]) / max(1, rollouts.size)
         return out

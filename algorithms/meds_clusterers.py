@@ -31,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from algorithms.meds_memory import NOISE, ClusterSettings, hdbscan_labels, l2_normalize
+from algorithms.diversity import l2_normalize
+from algorithms.meds_memory import NOISE, ClusterSettings, hdbscan_labels
 from meds_cli.core.registry import Registry
 
 Labeller = Callable[[np.ndarray], np.ndarray]

@@ -64,6 +64,16 @@ def answer_anchors(rollouts, start: int, stop: int, tokenizer,
     return torch.tensor([j for j, _ in anchors], dtype=torch.long), [kind for _, kind in anchors]
 
 
+def lens_at_answers(rollouts, tokenizer, rule: str = "project") -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(the logit-lens values the sampler recorded at each response's y*, [B, L] float32, one
+    column per probe layer; y* index [B]; anchor kind per response), from rollouts.sampler_lens.
+    MEDS's logit features and every algorithm's diversity probe (engine/training/diversity.py)."""
+    index, kinds = answer_anchors(rollouts, 0, rollouts.size, tokenizer, rule)
+    rows = [lens[j] if j < len(lens) else lens.new_zeros(lens.shape[1])  # an empty response ([0, L]) has no y*
+            for lens, j in zip(rollouts.sampler_lens, index.tolist())]
+    return torch.stack(rows).float(), index, kinds
+
+
 @FEATURE_BUILDERS.register("logits", "logit lens of the first answer token, one scalar per layer (the paper)")
 class LogitLensFeatures(FeatureBuilder):
     reads_lens = True
@@ -86,10 +96,8 @@ class LogitLensFeatures(FeatureBuilder):
     def from_lens(self, rollouts, tokenizer, layers: list[int]) -> BuiltFeatures:
         """The same features for the whole batch, from rollouts.sampler_lens: the value the
         sampler recorded at each response's y*."""
-        index, kinds = answer_anchors(rollouts, 0, rollouts.size, tokenizer, self.config.anchor)
-        rows = [lens[j] if j < len(lens) else lens.new_zeros(len(layers))  # an empty response has no y*
-                for lens, j in zip(rollouts.sampler_lens, index.tolist())]
-        return BuiltFeatures(torch.stack(rows).float(), index, kinds, layers)
+        values, index, kinds = lens_at_answers(rollouts, tokenizer, self.config.anchor)
+        return BuiltFeatures(values, index, kinds, layers)
 
 
 @FEATURE_BUILDERS.register("random",

@@ -41,11 +41,11 @@ from meds_cli.core.forward import lens_token_logits
 ANCHORS = ("boxed", "last", "truncated")
 
 
-def check_layer_spec(spec) -> None:
-    """Fail early on a malformed `meds.layers` (the layer count is known only at the first forward)."""
+def check_layer_spec(spec, key: str = "meds.layers") -> None:
+    """Fail early on a malformed layer list `key` (the layer count is known only at the first forward)."""
     if isinstance(spec, list):
         if not spec or not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
-            raise UserError(f"meds.layers list {spec!r} must hold layer numbers (0 = embeddings, 1..N)")
+            raise UserError(f"{key} list {spec!r} must hold layer numbers (0 = embeddings, 1..N)")
         return
     if spec == "last_half":
         return
@@ -53,20 +53,20 @@ def check_layer_spec(spec) -> None:
         count = spec[5:]
         if count.isdigit() and int(count) > 0:
             return
-    raise UserError(f"meds.layers '{spec}' is not valid; accepted: last_half, last:K (K >= 1), "
+    raise UserError(f"{key} '{spec}' is not valid; accepted: last_half, last:K (K >= 1), "
                     "or a list such as [14, 21, 28]")
 
 
-def resolve_layers(spec, num_layers: int) -> list[int]:
-    """The hidden-state indices named by `spec` for a model with `num_layers` decoder layers."""
-    check_layer_spec(spec)
+def resolve_layers(spec, num_layers: int, key: str = "meds.layers") -> list[int]:
+    """The hidden-state indices named by `spec` (the setting `key`) for a model with `num_layers` decoder layers."""
+    check_layer_spec(spec, key)
     n = num_layers
     if spec == "last_half":
         return list(range(n - max(1, n // 2) + 1, n + 1))
     if isinstance(spec, str):
         k = int(spec[5:])
         if k > n:  # the reference code slices the last K of its per-layer logits: all of them when fewer
-            warnings.warn(f"meds.layers 'last:{k}' asks for more layers than the model has ({n}); using all {n}",
+            warnings.warn(f"{key} 'last:{k}' asks for more layers than the model has ({n}); using all {n}",
                           UserWarning, stacklevel=2)
             k = n
         return list(range(n - k + 1, n + 1))
@@ -74,7 +74,7 @@ def resolve_layers(spec, num_layers: int) -> list[int]:
     for value in spec:
         index = n + 1 + value if value < 0 else value
         if not 0 <= index <= n:
-            raise UserError(f"meds.layers has layer {value}; this model has layers 0..{n} "
+            raise UserError(f"{key} has layer {value}; this model has layers 0..{n} "
                             "(negative counts from the end)")
         layers.append(index)
     return layers

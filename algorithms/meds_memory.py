@@ -28,6 +28,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from algorithms.diversity import l2_normalize
+
 KINDS = ("wrong", "correct")
 NOISE = -1
 
@@ -56,13 +58,6 @@ def shape_rewards_with_penalty(rewards: torch.Tensor, correct: torch.Tensor, pen
 
 
 # ---------------------------------------------------------------- clustering
-
-
-def l2_normalize(points: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (a zero row stays zero); NaN/inf from a broken forward pass become 0."""
-    points = np.nan_to_num(np.asarray(points, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    norms = np.linalg.norm(points, axis=1, keepdims=True)
-    return points / np.maximum(norms, 1e-12)
 
 
 def merge_duplicates(points: np.ndarray, distance: float) -> np.ndarray:
@@ -223,18 +218,6 @@ def assign_clusters(memory: np.ndarray, memory_labels: np.ndarray, batch: np.nda
 
 
 # ---------------------------------------------------------------- diagnostics
-
-
-def top1_eigen_ratio(points: np.ndarray) -> float | None:
-    """Largest eigenvalue of the covariance of the rows divided by the sum of its eigenvalues
-    (the paper's Top-1 Eigen Ratio: high = collapsed representations). Identical rows (all
-    eigenvalues 0) count as fully collapsed, 1.0; fewer than two rows: None."""
-    points = np.asarray(points, dtype=np.float64)
-    if len(points) < 2:
-        return None
-    eig = np.clip(np.linalg.eigvalsh(np.cov(points, rowvar=False).reshape(points.shape[1], points.shape[1])), 0, None)
-    total = eig.sum()
-    return 1.0 if total <= 1e-12 else float(eig.max() / total)
 
 
 # ---------------------------------------------------------------- the memory

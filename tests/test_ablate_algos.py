@@ -69,12 +69,14 @@ def test_two_algorithms_end_to_end(tmp_path):
     assert [r["setup"] for r in summary["rows"]] == setups
     assert all(f"| {s} |" in (folder / "summary.md").read_text() for s in setups)
     for row in summary["rows"]:
-        for key in ("pass@1", "pass@k", "distinct_wrong", "distinct_correct", "entropy"):
+        # the diversity diagnostics every arm logs (the eigen ratio on the same logit-lens features)
+        for key in ("pass@1", "pass@k", "distinct_wrong", "distinct_correct", "entropy", "eigen_ratio"):
             assert row[key] is not None, (row["variant"], key)
-        for key in ("clusters", "eigen_ratio", "ari"):  # MEDS's own diagnostics: blank for these two
+        for key in ("clusters", "ari"):  # MEDS's own diagnostics: blank for these two
             assert row[key] is None, (row["variant"], key)
     run = summary["runs"]["w-reinforce_seed-0"]
-    assert run["reward_curve"] and [step for step, _ in run["reward_curve"]] == [1, 2]
+    for curve in ("reward_curve", "distinct_wrong_curve", "entropy_curve", "eigen_ratio_curve"):  # diagnostics.png
+        assert [step for step, _ in run[curve]] == [1, 2], curve
     metrics = [json.loads(line) for line in (folder / "w-reinforce_seed-0" / "metrics.jsonl").read_text().splitlines()]
     assert all("w-reinforce/reweighted" in m for m in metrics)
     [paired] = summary["paired"]

@@ -147,9 +147,12 @@ def test_meds_on_dapo_runs_no_scoring_pass_with_the_hf_engine(tmp_path):
     # KL to the reference still needs the pass (reference log-probs); MEDS still reads the sampler.
     kl = _planned(tmp_path / "kl", "algo.name=meds", "algo.base=grpo", "grpo.kl_coef=0.1")
     assert kl.lens_probe is not None and kl.scoring == "trained"
-    # Semantic features are not logit-lens values: the pass stays.
+    # Semantic features are not logit-lens values: the pass stays (the engine still records the
+    # diversity probe's values for diversity/eigen_ratio_top1, which MEDS does not read).
     semantic = _planned(tmp_path / "sem", "algo.name=meds", "meds.features=hidden_mean")
-    assert semantic.lens_probe is None and semantic.scoring == "trained"
+    assert semantic.lens_probe == LensProbe((3, 4), False) and semantic.scoring == "trained"
+    no_probe = _planned(tmp_path / "none", "algo.name=meds", "meds.features=hidden_mean", "train.diversity_layers=none")
+    assert no_probe.lens_probe is None and no_probe.scoring == "trained"
 
 
 def test_an_engine_without_lens_values_keeps_the_scoring_pass(tmp_path, monkeypatch):

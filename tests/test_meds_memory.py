@@ -1,4 +1,5 @@
-"""MEDS memory, clustering, penalty and eigen ratio (algorithms/meds_memory.py), hand-computed."""
+"""MEDS memory, clustering and penalty (algorithms/meds_memory.py), hand-computed; the eigen ratio and
+L2 normalisation are tested in tests/test_diversity.py."""
 
 import numpy as np
 import pytest
@@ -14,11 +15,9 @@ from algorithms.meds_memory import (
     cluster_penalty,
     hdbscan_labels,
     knn_vote,
-    l2_normalize,
     member_counts,
     shape_rewards_with_penalty,
     snippet,
-    top1_eigen_ratio,
 )
 
 
@@ -51,11 +50,6 @@ def test_member_counts_and_noise_rules():
     # cluster 0 has 3 members, cluster 1 has 2; the noise point counts 0 or 1
     assert member_counts(labels, "zero").tolist() == [3, 3, 2, 0, 3, 2]
     assert member_counts(labels, "singleton").tolist() == [3, 3, 2, 1, 3, 2]
-
-
-def test_l2_normalize_keeps_zero_rows_and_drops_nan():
-    x = l2_normalize(np.array([[3.0, 4.0], [0.0, 0.0], [np.nan, 2.0]]))
-    assert x.tolist() == [[0.6, 0.8], [0.0, 0.0], [0.0, 1.0]]
 
 
 def test_hdbscan_small_sets_are_noise():
@@ -130,14 +124,6 @@ def test_knn_counts_memory_members_only():
     assert fit.fitted_labels is None  # the memory is refitted after the batch joins it
     empty = assign_clusters(np.zeros((0, 3)), np.array([]), batch, ClusterSettings(assign="knn"))
     assert empty.sizes.tolist() == [0, 0, 0, 0]
-
-
-def test_top1_eigen_ratio_hand_computed():
-    # cov of [[1,0],[-1,0],[0,.5],[0,-.5]] (unbiased): var x = 2/3, var y = 0.5/3 = 1/6, cov 0
-    # ratio = (2/3) / (2/3 + 1/6) = 0.8
-    assert top1_eigen_ratio(np.array([[1, 0], [-1, 0], [0, 0.5], [0, -0.5]])) == pytest.approx(0.8)
-    assert top1_eigen_ratio(np.ones((4, 3))) == 1.0  # identical rows: fully collapsed
-    assert top1_eigen_ratio(np.ones((1, 3))) is None
 
 
 def test_bank_keeps_the_newest_entries():

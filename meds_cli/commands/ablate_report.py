@@ -1,19 +1,21 @@
 """The comparison of `meds ablate`: one row per variant (mean and std over seeds), as a rich table
 in the terminal and as summary.md, summary.csv and summary.json, plus reward_curves.png,
-pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, clusters and eigen ratio per
-step) in the ablation folder. Each variant is also compared with the baseline problem by problem
-(benchmarks/paired_compare.py): a verdict per benchmark in the terminal, summary.md and
-summary.json, per-problem differences in problem_deltas.csv, paired_differences.png.
+pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, one-error groups, entropy,
+eigen ratio and MEDS's clusters per step, every arm on one panel each) in the ablation folder.
+Each variant is also compared with the baseline problem by problem (benchmarks/paired_compare.py):
+a verdict per benchmark in the terminal, summary.md and summary.json, per-problem differences in
+problem_deltas.csv, paired_differences.png.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
-the diversity every algorithm has (distinct wrong and distinct correct answers per group, the
-policy's entropy over the trained responses' tokens), the final reward, and MEDS's own
-diagnostics (wrong-answer clusters per prompt, the top-1 eigen ratio), each the mean over the
-last quarter of the steps (less noisy than the last step alone), and the mean time per step;
-and the agreement of the clusters with the final answers (adjusted Rand index, as
+the diversity diagnostics every algorithm logs (engine/training/diversity.py: distinct wrong
+answers per group, the share of groups with one repeated error, the policy's entropy over the
+trained responses' tokens, the top-1 eigen ratio of the logit-lens features), distinct correct
+answers per group, the final reward and MEDS's wrong-answer clusters per prompt, each the mean
+over the last quarter of the steps (less noisy than the last step alone), and the mean time per
+step; and the agreement of MEDS's clusters with the final answers (adjusted Rand index, as
 `meds cluster-inspect` computes it, over the memory of the last checkpoint, with the run's own
-clusterer). An algorithm other than MEDS has no memory and no features: its clusters, eigen
-ratio and ARI are empty.
+clusterer). An algorithm other than MEDS has no memory: its clusters and ARI are empty. Runs
+logged before the `diversity/` keys existed are read from the older keys (STEP_KEYS).
 """
 
 from __future__ import annotations
@@ -35,19 +37,41 @@ from meds_cli.engine.run_folders import run_dir as runs
 
 METRICS = [  # (key, column header)
     ("pass@1", "pass@1"), ("pass@k", "pass@k"), ("final_reward", "reward"),
-    ("distinct_wrong", "distinct wrong"), ("distinct_correct", "distinct correct"), ("entropy", "entropy"),
-    ("clusters", "clusters"), ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
+    ("distinct_wrong", "distinct wrong"), ("distinct_correct", "distinct correct"),
+    ("one_error", "one-error groups"), ("entropy", "entropy"), ("clusters", "clusters"),
+    ("eigen_ratio", "eigen ratio"), ("ari", "ARI"),
     ("time_per_step_s", "s/step"),
 ]
 
 
-# (curve name in the results, metrics.jsonl key, axis label): what diagnostics.png plots per step.
+# Per reported value, the metrics.jsonl keys it is read from: the first a run logged (the older
+# key of the same quantity for runs from before the diversity/ keys; MEDS runs logged its own
+# eigen ratio, over the trained groups' MEDS features, before every arm logged one).
+STEP_KEYS = {
+    "reward": ("reward",),
+    "distinct_wrong": ("diversity/distinct_wrong_per_group", "distinct_wrong_answers_per_group"),
+    "distinct_correct": ("distinct_correct_answers_per_group",),
+    "one_error": ("diversity/one_error_group_share",),
+    "entropy": ("diversity/entropy", "entropy"),
+    "eigen_ratio": ("diversity/eigen_ratio_top1", "meds/eigen_ratio_top1"),
+    "clusters": ("meds/clusters_per_prompt",),
+}
+
+# (curve name in the results, STEP_KEYS entry, axis label): what diagnostics.png plots per step.
 STEP_CURVES = [
     ("reward_curve", "reward", "reward (unshaped, sampled batch)"),
-    ("distinct_wrong_curve", "distinct_wrong_answers_per_group", "distinct wrong answers per group"),
-    ("clusters_curve", "meds/clusters_per_prompt", "wrong-answer clusters per prompt (MEDS)"),
-    ("eigen_ratio_curve", "meds/eigen_ratio_top1", "eigen ratio, top-1 (MEDS)"),
+    ("distinct_wrong_curve", "distinct_wrong", "distinct wrong answers per group"),
+    ("one_error_curve", "one_error", "share of erring groups with one repeated error"),
+    ("entropy_curve", "entropy", "entropy (trained tokens)"),
+    ("eigen_ratio_curve", "eigen_ratio", "eigen ratio, top-1 (logit-lens features)"),
+    ("clusters_curve", "clusters", "wrong-answer clusters per prompt (MEDS)"),
 ]
+
+
+def logged_key(rows: list[dict], value: str) -> str:
+    """The metrics.jsonl key `value` is read from in these rows (STEP_KEYS: the first logged)."""
+    keys = STEP_KEYS[value]
+    return next((key for key in keys if any(key in r for r in rows)), keys[0])
 
 
 def _tail_mean(rows: list[dict], key: str) -> float | None:
@@ -125,22 +149,18 @@ def variant_result(run_dir: Path, results_file: Path, warnings: list[str] | None
     warnings = warnings if warnings is not None else []
     metrics = Path(run_dir) / runs.METRICS_FILE
     rows = read_rows(metrics, warnings)
-    metrics_keys = ["reward", "time_step_s", "step", "distinct_wrong_answers_per_group",
-                    "distinct_correct_answers_per_group", "entropy", "meds/clusters_per_prompt",
-                    "meds/eigen_ratio_top1"]
-    numbers_of(rows, metrics, metrics_keys)
+    numbers_of(rows, metrics, ["time_step_s", "step", *(key for keys in STEP_KEYS.values() for key in keys)])
+    key = {value: logged_key(rows, value) for value in STEP_KEYS}
     passk = checked_pass_at_k(results_file, warnings) if results_file.is_file() else {}
     ks = sorted(passk)
     times = [r["time_step_s"] for r in rows if "time_step_s" in r]
     return {
         "pass@1": passk.get(1), "pass@k": passk.get(ks[-1]) if ks else None, "k": ks[-1] if ks else None,
-        "final_reward": _tail_mean(rows, "reward"),
-        "distinct_wrong": _tail_mean(rows, "distinct_wrong_answers_per_group"),
-        "distinct_correct": _tail_mean(rows, "distinct_correct_answers_per_group"),
-        "entropy": _tail_mean(rows, "entropy"), "clusters": _tail_mean(rows, "meds/clusters_per_prompt"),
-        "eigen_ratio": _tail_mean(rows, "meds/eigen_ratio_top1"), "ari": memory_ari(run_dir),
+        "final_reward": _tail_mean(rows, key["reward"]),
+        **{value: _tail_mean(rows, key[value]) for value in STEP_KEYS if value != "reward"},
+        "ari": memory_ari(run_dir),
         "time_per_step_s": float(np.mean(times)) if times else None,
-        **{curve: [[r["step"], r[metric]] for r in rows if metric in r] for curve, metric, _ in STEP_CURVES},
+        **{curve: [[r["step"], r[key[value]]] for r in rows if key[value] in r] for curve, value, _ in STEP_CURVES},
         "pass_at_k_curve": {k: passk[k] for k in ks},
     }
 
@@ -275,7 +295,7 @@ def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
 
 def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> None:
     """One panel per STEP_CURVES entry: its value per step, mean over seeds with a band of one std."""
-    fig, axes = _pyplot().subplots(2, 2, figsize=(11, 7.5))
+    fig, axes = _pyplot().subplots(3, 2, figsize=(11, 11))
     for ax, (curve, _, label) in zip(axes.flat, STEP_CURVES):
         _draw_step_curves(ax, variants, results, curve)
         ax.set_xlabel("step")
@@ -358,8 +378,10 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     comparisons = paired_against_baseline(variants, paths)
     (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +
                                        "\nmean ± std over seeds; reward, distinct wrong / correct answers per group, "
-                                       "entropy, clusters and eigen ratio: mean of the last quarter of the steps; "
-                                       "clusters, eigen ratio, ARI (clusters vs final answers in the memory): MEDS "
+                                       "one-error groups (share of the groups with two or more wrong answers whose "
+                                       "wrong answers are all one), entropy, clusters and eigen ratio (top-1, of the "
+                                       "logit-lens features at the answer, every arm): mean of the last quarter of "
+                                       "the steps; clusters, ARI (clusters vs final answers in the memory): MEDS "
                                        "only.\n" +
                                        (f"\n{paired_markdown(comparisons)}" if comparisons else "") +
                                        ("\n## Warnings\n\n" + "".join(f"- {line}\n" for line in warnings)

@@ -133,7 +133,7 @@ def _colours(labels: np.ndarray):
 
 def plot_projection(analysis: dict, path: Path) -> None:
     """PCA to 2-D of the L2-normalised features (the space HDBSCAN sees), coloured by cluster."""
-    from algorithms.meds_memory import l2_normalize
+    from algorithms.diversity import l2_normalize
 
     plt = _pyplot()
     x = l2_normalize(analysis["_entries"]["features"])

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from algorithms import ALGORITHMS
+from algorithms.meds_features import check_layer_spec
 from benchmarks.dataset_source import check_columns
 from benchmarks.reasoning_gym_task import TASK_NAME as REASONING_GYM
 from benchmarks.reasoning_gym_task import check_settings as check_reasoning_gym
@@ -216,6 +217,11 @@ class TrainConfig:
                                "takes packed rows (sdpa, eager, flex_attention, flash_attention_2/3)")
     scoring_pass: str = choice("auto", SCORING_SETTINGS, "auto: skip the no-grad scoring forward when the update's "
                                "own forward gives the same old log-probs; always: run it")
+    diversity_layers: str | list[int] = doc("last_half", "logit-lens layers of the diversity probe behind "
+                                            "diversity/eigen_ratio_top1, the same for every algorithm (forms of "
+                                            "meds.layers: last_half, last:K or a list; none = no probe); recorded "
+                                            "by the hf engine while it samples, shared with MEDS's own probe "
+                                            "when the layers match")
     checkpoint_every: int = doc(10, "write a checkpoint every N steps (and at the end; 0: only at the end)",
                                 at_least(0))
     keep_checkpoints: int = doc(3, "complete checkpoints kept, the newest ones (0: all); the newest is never deleted",
@@ -234,6 +240,8 @@ class TrainConfig:
 
     def validate(self, prefix: str) -> None:
         parse_report_to(self.report_to)
+        if self.diversity_layers != "none":
+            check_layer_spec(self.diversity_layers, f"{prefix}diversity_layers")
 
 
 @dataclass

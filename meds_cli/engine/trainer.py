@@ -74,6 +74,7 @@ class Trainer:
         self.share_prompts, self.update_settings = parts.share_prompts, parts.update_settings
         self.forward_needs, self.lens_probe, self.scoring = parts.forward_needs, parts.lens_probe, parts.scoring
         self.sampler_is_full_softmax = parts.sampler_is_full_softmax
+        self.diversity = parts.diversity  # the diversity/ metrics (engine/training/diversity.py)
         self.precision = parts.precision  # "precision: bf16 (why)", said when training starts
         self.layout = parts.layout  # "padding-free: on (why)", said beside it
         self.step = 0
@@ -125,6 +126,7 @@ class Trainer:
             row.update(self.algorithm.step_metrics(batch))
         else:
             row["skipped_update"] = 1.0  # a process kept no group, so no process updates
+        row.update(self.diversity.step_metrics(sampled, batch))  # every process: it sums a count over them
         if pipeline is not None:
             pipeline.finish_update(step)  # the weights are version `step`, sent with the next job
         if should_log_samples(step, self.cfg.train.log_samples_every) and self.acc.is_main_process:
@@ -194,7 +196,7 @@ class Trainer:
             return None, sampled, info
         if self.scoring == "trained":  # only the groups that train; the same count on every process
             self._score(batch, timing)
-        if self.lens_probe is not None:  # the engine recorded the lens values while sampling
+        if self.forward_needs.lens is not None:  # the algorithm reads lens values the engine recorded while sampling
             t0 = time.perf_counter()
             algo.observe_probe(batch, self.tokenizer)
             timing["time_score_s"] += time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """What the training loop (engine/trainer.py) works with, built once and in order: the
 accelerator and its collectives, the task and its prompt sampler, the algorithm, the user's
 reward functions, the policy (model, adapter, optimizer, learning-rate schedule), the run
-folder's metrics log and tracker, the rollout engine, and the plan of the scoring pass.
+folder's metrics log and tracker, the rollout engine, the plan of the scoring pass and the diversity probe.
 
 The order matters: the global seed is set after the task and the algorithm are built and before
 the model loads (a tiny model's LoRA weights come from it), and the engine is made after the
@@ -26,6 +26,7 @@ from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
 from meds_cli.engine.training.algorithm_setup import build_algorithm, optimizer_steps_per_batch
 from meds_cli.engine.training.collectives import Collectives
+from meds_cli.engine.training.diversity import DiversityMetrics, diversity_probe
 from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.packing import Packing, attention_implementation, padding_free_line
 from meds_cli.engine.training.precision import choose_mixed_precision, precision_line
@@ -93,8 +94,10 @@ class TrainerParts:
     metrics: MetricsLog  # the run folder's metrics.jsonl
     engine: object  # the rollout engine (engine/rollout/engines.py)
     forward_needs: object  # what the algorithm reads besides the update's forward
-    lens_probe: object  # the logit-lens values the engine records while sampling, or None
+    lens_probe: object  # the logit-lens values the engine records while sampling (the algorithm's or the
+    # diversity probe), or None; the algorithm is handed them where its forward_needs.lens asked
     scoring: str | None  # when the no-grad scoring pass runs: "sampled", "trained" or None
+    diversity: DiversityMetrics  # the diversity/ metrics every algorithm logs per step
     sampler_is_full_softmax: bool  # the mismatch metrics compare like with like only then
     precision: str  # the line saying which precision the run computes in and why
     layout: str  # the line saying whether forwards run padding-free, and how prompts are shared
@@ -147,6 +150,12 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     forward_needs = algorithm.forward_needs(len(decoder_layers(unwrapped)), records_lens)
     if forward_needs.lens is not None and not records_lens:
         raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")
+    # Every algorithm's diversity diagnostics (engine/training/diversity.py) read logit-lens values
+    # the engine records while sampling: one probe, the algorithm's own where the layers match.
+    probe, not_measured = diversity_probe(cfg.train.diversity_layers, len(decoder_layers(unwrapped)), records_lens,
+                                          forward_needs.lens)
+    if not_measured:
+        say(acc, f"[yellow]note:[/] {not_measured}")
     scoring = scoring_pass(forward_needs.view, uses_reference=algorithm.uses_reference,
                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
                            setting=cfg.train.scoring_pass,
@@ -156,7 +165,8 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         reward_functions=reward_functions, tokenizer=tokenizer, sampler=sampler, tracker=tracker, policy=policy,
         reference=reference,
         share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
-        forward_needs=forward_needs, lens_probe=forward_needs.lens, scoring=scoring,
+        forward_needs=forward_needs, lens_probe=forward_needs.lens or probe, scoring=scoring,
+        diversity=DiversityMetrics(tokenizer, probe, collectives.sum),
         sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
         precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)),
         layout=padding_free_line(packing, cfg.train.padding_free, attention_implementation(unwrapped),

@@ -5,20 +5,18 @@ from __future__ import annotations
 import torch
 
 from algorithms.advantages import zero_spread_groups
-from benchmarks.answer_extraction import answer_key
+from algorithms.diversity import distinct_labels, masked_token_mean
 from meds_cli.core.rollouts import Rollouts
+from meds_cli.engine.training.diversity import group_answer_labels
 from meds_cli.engine.training.importance import mismatch_metrics
 
 
 def distinct_answers(rollouts: Rollouts, correct: bool | None = None) -> float:
     """Mean over groups of the distinct final answers (only the correct ones, or only the wrong
     ones, when `correct` says), answers compared by the maj@k key (0.5 and \\frac{1}{2} are one);
-    no answer is not an answer."""
-    counts = []
-    for rows in rollouts.groups():
-        verdicts = rollouts.verdicts[rows]
-        counts.append(len({answer_key(v.extracted) for v in verdicts if correct is None or v.correct == correct}
-                          - {None}))
+    no answer is not an answer (algorithms/diversity.py distinct_labels)."""
+    counts = [distinct_labels(labels, [correct is None or v.correct == correct for v in rollouts.verdicts[rows]])
+              for labels, rows in zip(group_answer_labels(rollouts), rollouts.groups())]
     return sum(counts) / max(len(counts), 1)
 
 
@@ -61,7 +59,7 @@ def trained_metrics(batch: Rollouts) -> dict[str, float]:
     if batch.entropy is None:
         return metrics
     mask = batch.response_mask
-    return {**metrics, "entropy": ((batch.entropy * mask).sum() / mask.sum().clamp(min=1)).item()}
+    return {**metrics, "entropy": masked_token_mean(batch.entropy, mask)}
 
 
 def update_metrics(batch: Rollouts, *, tis_cap: float, sampler_is_full_softmax: bool) -> dict[str, float]:
