@@ -13,6 +13,7 @@ from rich.console import Console
 from meds_cli import __version__
 from meds_cli.commands.export import export_command
 from meds_cli.core.errors import UserError, os_error, storage_error
+from meds_cli.core.markup import plain
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and "
                        "inspect it.",
@@ -28,7 +29,7 @@ SlurmExtra = Annotated[Optional[list[str]], typer.Option(
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {plain(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -248,7 +249,7 @@ def cluster_inspect_cmd(
         from meds_cli.engine.run_folders.run_dir import newest_run
 
         run_dir = newest_run("runs")
-        err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
+        err.print(f"no run folder given: inspecting the newest run, [bold]{plain(run_dir)}[/]", soft_wrap=True)
     cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
 
 

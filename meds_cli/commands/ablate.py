@@ -38,6 +38,7 @@ from pathlib import Path
 from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
+from meds_cli.core.markup import plain
 from meds_cli.core.names import safe_component
 from meds_cli.core.read_back import read_json, require
 from meds_cli.engine.config import load_config, read_yaml
@@ -279,7 +280,7 @@ def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, arg
     if launch.launcher == "slurm":
         array_script(plan, launch.slurm)  # every value of the script checked before anything is written
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {plain(note)}", highlight=False, soft_wrap=True)
     plan.folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(plan.folder, "ablation folder", "two ablations in one folder would train and evaluate its "
                     "tasks twice at once"):
@@ -293,12 +294,13 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
 
     claim_folder(plan)
     write_tasks(plan, eval_settings, variant_sets)
-    console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
+    console.print(f"ablation folder: [bold]{plain(plan.folder)}[/]  variants: {len(plan.variants)}  "
+                  f"steps: {plan.steps}")
     pending, headers = [], {}
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
         if results_path(run_dir, eval_settings, plan.steps).is_file():
-            console.print(f"[{i}/{len(plan.variants)}] {variant.name}: finished, skipped")
+            console.print(f"[{i}/{len(plan.variants)}] {plain(variant.name)}: finished, skipped")
             continue
         clear_error(run_dir)
         pending.append(make_task(run_dir))
@@ -315,12 +317,12 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
             console.print(launcher.submit(pending), highlight=False, soft_wrap=True)
         if not launch.wait:
             console.print(f"not waiting; the report, once they end (or now, of what has ended): "
-                          f"meds ablate --collect {plan.folder}", highlight=False, soft_wrap=True)
+                          f"meds ablate --collect {plain(plan.folder)}", highlight=False, soft_wrap=True)
             return {"folder": str(plan.folder), "submitted": [t.name for t in pending]}
         wait_with_progress(launcher, console, quiet)
     except KeyboardInterrupt:
         launcher.stop()
-        console.print(f"[yellow]stopped[/]; run the same command with --output {plan.folder} to continue")
+        console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue")
         raise
     return report(plan.folder, plan.variants, eval_settings, console)
 
@@ -366,9 +368,9 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     from rich.table import Table
 
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {plain(note)}", highlight=False, soft_wrap=True)
     table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each "
-                        f"-> {plan.folder}",
+                        f"-> {plain(plan.folder)}",
                   title_justify="left")
     table.add_column("variant")
     table.add_column("overrides")
@@ -383,6 +385,6 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
             seconds = probe_step_seconds(plan)
         total = seconds * plan.steps * len(plan.variants)
         console.print(f"one step of the base config took {seconds:.2f} s; training estimate: {seconds:.2f} s x "
-                      f"{plan.steps} steps x {len(plan.variants)} variants = {_duration(total)} "
+                      f"{plan.steps} steps x {len(plan.variants)} variants = {plain(_duration(total))} "
                       "(plus model loading and evaluation; semantic features add an embedding model)")
     return {"variants": [v.name for v in plan.variants], "step_seconds": seconds, "estimate_seconds": total}

@@ -29,6 +29,7 @@ from benchmarks.paired_compare import markdown as paired_markdown
 from benchmarks.passk import mean_pass_at_k
 from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.core.jsonl import read_rows
+from meds_cli.core.markup import plain
 from meds_cli.core.read_back import numbers_of, probability, read_json, require
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.run_folders import run_dir as runs
@@ -339,7 +340,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     unfinished = unfinished or {}
     missing = unfinished_lines(unfinished)
     if missing:
-        console.print(f"[yellow]{len(missing)} of {len(variants) + len(missing)} tasks not finished[/]:")
+        console.print(f"[yellow]{len(missing)} of {plain(len(variants) + len(missing))} tasks not finished[/]:")
         for line in missing:
             console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     if not variants:
@@ -349,7 +350,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     warnings: list[str] = []
     results = {v.name: variant_result(folder / v.name, paths[v.name], warnings) for v in variants}
     for line in warnings:
-        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {plain(line)}", highlight=False, soft_wrap=True)
     rows = aggregate(variants, results)
     setups = {v.group: arm_setup(folder / v.name, v.overrides) for v in variants}
     for row in rows:
@@ -382,9 +383,10 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     from rich.console import Console
 
     out = Console()  # the result goes to stdout, progress to stderr
-    print_table(rich_table(rows, k, f"ablation {folder}"), console=out)
+    print_table(rich_table(rows, k, f"ablation {plain(folder)}"), console=out)
     for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
         out.print(line, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
-                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}")
+                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}",
+                  markup=False, highlight=False, soft_wrap=True)
     return summary

@@ -18,6 +18,7 @@ from pathlib import Path
 from benchmarks.harness import EvalSettings
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
+from meds_cli.core.markup import plain
 from meds_cli.core.names import child
 from meds_cli.core.read_back import damaged, read_json, require
 from meds_cli.engine.config import dump_yaml, load_config
@@ -150,7 +151,7 @@ def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
         return
     if done or (folder / "command.txt").is_file():  # started before: resume (a run with no checkpoint restarts)
         if done:
-            console.print(f"[bold]{folder.name}[/]: resuming from step {done[-1]}")
+            console.print(f"[bold]{plain(folder.name)}[/]: resuming from step {plain(done[-1])}")
         code = run_training([], [], {}, resume=folder, argv=argv, quiet=quiet)
     else:
         code = run_training([str(folder / "config.yaml")], [f"train.output_dir={json.dumps(str(folder))}"], {},

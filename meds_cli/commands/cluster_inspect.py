@@ -23,6 +23,7 @@ import numpy as np
 from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import output_folder, replace_figure
+from meds_cli.core.markup import plain
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
@@ -263,7 +264,8 @@ def print_report(report: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"MEDS memory of {report['run']} at step {report['checkpoint_step']}", title_justify="left")
+    table = Table(title=f"MEDS memory of {plain(report['run'])} at step {plain(report['checkpoint_step'])}",
+                  title_justify="left")
     # short headers: the table has to fit a terminal; the JSON keys spell them out
     for name in ["prompt", "entries", "wrong", "correct", "clusters", "max wrong C", "noise", "train C", "ARI"]:
         table.add_column(name, justify="left" if name == "prompt" else "right")
@@ -276,9 +278,9 @@ def print_report(report: dict, console=None) -> None:
     mean = report["ari_answers_mean"]
     console.print("max wrong C: wrong members of the largest cluster; train C: wrong clusters as training saw them; "
                   "ARI: adjusted Rand index of clusters vs final answers")
-    console.print(f"mean ARI of clusters vs final answers: {'-' if mean is None else f'{mean:.3f}'}")
+    console.print(f"mean ARI of clusters vs final answers: {plain('-' if mean is None else f'{mean:.3f}')}")
     chosen = report["prompt"]
-    detail = Table(title=f"prompt {chosen['prompt']}: clusters", title_justify="left")
+    detail = Table(title=f"prompt {plain(chosen['prompt'])}: clusters", title_justify="left")
     for name in ["cluster", "size", "share wrong", "most common answers", "samples"]:
         detail.add_column(name, overflow="fold")
     for c in chosen["clusters_detail"]:
@@ -288,7 +290,7 @@ def print_report(report: dict, console=None) -> None:
                        answers, samples)
     console.print(detail)
     for name, path in report["plots"].items():
-        console.print(f"{name}: {path}")
+        console.print(f"{plain(name)}: {plain(path)}")
 
 
 def cluster_inspect(run_path, *, step=None, prompt=None, output=None, as_json=False) -> None:

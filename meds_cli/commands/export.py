@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.markup import plain
 
 
 def check_not_around_cwd(output: Path) -> None:
@@ -41,12 +42,13 @@ def export_command(
     if push_to_hub:
         check_repo_id(push_to_hub)
         check_hub_reachable(push_to_hub)
-    with console.status(f"exporting {run} ..."):
+    with console.status(f"exporting {plain(run)} ..."):
         result = export_run(run, output, step=step, merge=merge)
     named = f" (base: {result.base})" if result.base else ""
-    console.print(f"exported step {result.step} of [bold]{run}[/] as {result.kind}{named} to [bold]{result.folder}[/]")
+    console.print(f"exported step {result.step} of [bold]{plain(run)}[/] as {plain(result.kind)}{plain(named)} "
+                  f"to [bold]{plain(result.folder)}[/]", soft_wrap=True)
     if push_to_hub:
-        with console.status(f"uploading to {push_to_hub} ..."):
+        with console.status(f"uploading to {plain(push_to_hub)} ..."):
             url = push(result.folder, push_to_hub)
-        console.print(f"uploaded to {url}")
+        console.print(f"uploaded to {plain(url)}")
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
 from meds_cli.core.library_warnings import route_library_warnings
+from meds_cli.core.markup import plain
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
 from meds_cli.engine.run_folders import run_dir as runs
@@ -214,23 +215,25 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     cfg, run_dir, main = plan.cfg, plan.run_dir, accelerator.is_main_process
     checkpoint = None
     if plan.resuming:
-        checkpoint = find_usable_checkpoint(run_dir, step, say=lambda text: console.print(f"[yellow]note:[/] {text}"))
+        checkpoint = find_usable_checkpoint(run_dir, step,
+                                            say=lambda text: console.print(f"[yellow]note:[/] {plain(text)}"))
     # What was chosen shows while the model loads (a status line, so that an error in loading stays one line);
     # the run folder line after loading repeats it.
-    with console.status(f"loading {cfg.model.name} to train with {cfg.algo.name} on task '{cfg.task.name}' "
-                        f"({task_description(cfg)}) ..."):
+    with console.status(f"loading {plain(cfg.model.name)} to train with {plain(cfg.algo.name)} on task "
+                        f"'{plain(cfg.task.name)}' ({plain(task_description(cfg))}) ..."):
         trainer = Trainer(cfg, run_dir, accelerator=accelerator)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
-        console.print(f"resumed [bold]{run_dir}[/] at step {trainer.step}")
+        console.print(f"resumed [bold]{plain(run_dir)}[/] at step {trainer.step}")
     elif plan.resuming:
         # Killed before its first checkpoint: nothing to restore, so the run starts over.
         if main:
             trainer.metrics.truncate_after(0)
-        console.print(f"{run_dir} has no checkpoint yet: starting it over from step 0")
+        console.print(f"{plain(run_dir)} has no checkpoint yet: starting it over from step 0")
     if plan.resuming and main:
         if plan.changes:
-            console.print(f"changed settings, applied from step {trainer.step}: {describe_changes(plan.changes)}")
+            console.print(f"changed settings, applied from step {trainer.step}: "
+                          f"{plain(describe_changes(plan.changes))}")
         record_resume(run_dir, trainer.step, checkpoint, plan.changes)
     if main:
         # The folder is not part of the snapshot, so `--config config.yaml` repeats the run in a new folder.
@@ -241,8 +244,8 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
         if not plan.resuming:
             runs.write_provenance(run_dir, list(argv))
     route_library_warnings().log_to(run_dir)  # the run has started: its folder keeps them
-    console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  "
-                  f"task: {cfg.task.name}")
+    console.print(f"run folder: [bold]{plain(run_dir)}[/]  algorithm: {plain(cfg.algo.name)}  "
+                  f"model: {plain(cfg.model.name)}  task: {plain(cfg.task.name)}", soft_wrap=True)
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
         return 0
@@ -263,8 +266,8 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     except KeyboardInterrupt:
         steps = runs.list_checkpoints(run_dir)
         where = f"checkpoint at step {steps[-1]}" if steps else "no checkpoint yet"
-        console.print(f"[yellow]stopped[/] at step {trainer.step} ({where}); "
-                      f"continue with: meds train --resume {run_dir}")
+        console.print(f"[yellow]stopped[/] at step {trainer.step} ({plain(where)}); "
+                      f"continue with: meds train --resume {plain(run_dir)}")
         return 130
     if main:
         print_summary(console, run_dir, runs.metrics_rows(run_dir))
@@ -275,7 +278,7 @@ def print_summary(console: Console, run_dir: Path, rows: list[dict]) -> None:
     if not rows:
         return
     first, last = rows[0], rows[-1]
-    table = Table(title=f"{run_dir.name}: step {first['step']} -> {last['step']}", title_justify="left")
+    table = Table(title=f"{plain(run_dir.name)}: step {first['step']} -> {last['step']}", title_justify="left")
     table.add_column("metric")
     table.add_column("first", justify="right")
     table.add_column("last", justify="right")
@@ -285,4 +288,4 @@ def print_summary(console: Console, run_dir: Path, rows: list[dict]) -> None:
             delta = last[key] - first[key]
             table.add_row(key, f"{first[key]:.4g}", f"{last[key]:.4g}", f"{delta:+.4g}")
     console.print(table)
-    console.print(f"metrics: {run_dir / 'metrics.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")
+    console.print(f"metrics: {plain(run_dir / 'metrics.jsonl')}   checkpoints: {plain(run_dir / 'checkpoints')}")
