@@ -28,7 +28,7 @@ from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.core.markup import plain
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.config import load_config
-from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
+from meds_cli.engine.model_io.model import canonical_model_name, check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
 from meds_cli.engine.rollout.eval_backends import ModelSpec
 from meds_cli.engine.run_folders import run_dir as runs
@@ -240,8 +240,12 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     def note(text: str) -> None:
         console.print(f"[yellow]note:[/] {plain(text)}")
 
+    if run_dir is None:  # a bad --model fails here, before an output folder is made or a model loads
+        model, said = canonical_model_name(model)
+        if said:
+            note(said)
     spec = model_for_run(run_dir, step, dtype, note) if run_dir is not None else ModelSpec(model, None, dtype)
-    precheck_model(spec.name)  # a bad --model fails here, before an output folder is made
+    precheck_model(spec.name)
     settings.model = spec.label
     run_cfg = load_config([str(Path(run_dir) / "config.yaml")]) if run_dir is not None else None
     task = run_cfg.task if run_cfg is not None else None

@@ -20,8 +20,15 @@ from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
 from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.core.markup import plain
-from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
-from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
+from meds_cli.engine.config import RolloutConfig, RunConfig, dump_yaml, load_config, parse_override, read_yaml
+from meds_cli.engine.model_io.model import (
+    EMBEDDED,
+    TINY,
+    canonical_model_name,
+    check_lora_rank,
+    hub_lookup_note,
+    precheck_model,
+)
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
@@ -90,6 +97,26 @@ def refuse_real_model_on_default_task(cfg: RunConfig, chosen: bool) -> None:
                     "see `meds list`)")
 
 
+DEMO_TASKS = ("arithmetic", "copy")  # the toy tasks the embedded demo's sampling settings are sized for
+DEMO_SAMPLING = ("prompts_per_step", "group_size", "max_new_tokens")
+
+
+def demo_sampling_warning(cfg: RunConfig) -> str | None:
+    """A real model on a real task with the embedded demo's sampling settings (RolloutConfig's
+    defaults, sized for a 135M model on toy arithmetic on a CPU): 64 new tokens cut nearly every
+    MATH solution short. The warning names the settings and the config that fits; no guessing of
+    other values (task-aware defaults would make one --set mean different things per task)."""
+    if cfg.model.name in (EMBEDDED, TINY) or cfg.task.name in DEMO_TASKS:
+        return None
+    demo = RolloutConfig()
+    if any(getattr(cfg.rollout, key) != getattr(demo, key) for key in DEMO_SAMPLING):
+        return None
+    settings = ", ".join(f"rollout.{key}={getattr(demo, key)}" for key in DEMO_SAMPLING)
+    return (f"{cfg.model.name} on task '{cfg.task.name}' with the embedded demo's sampling settings ({settings}, "
+            f"sized for the toy tasks on a CPU); for the paper's math setting use -c configs/meds_paper.yaml "
+            f"(512 prompts x 16 responses, up to 3072 tokens), or set these three with --set")
+
+
 def task_description(cfg: RunConfig) -> str:
     """The task's one-line description, with the data it reads where it reads a file or dataset."""
     from benchmarks import load_all
@@ -136,14 +163,18 @@ def sampling_lines(cfg: RunConfig, rounds: int) -> list[str]:
     return lines + [f"tokens: {most}, plus the prompts; the update reads them all again"]
 
 
-def check_before_loading(plan: RunPlan, config_files, overrides, shortcuts) -> None:
+def check_before_loading(plan: RunPlan, config_files, overrides, shortcuts) -> list[str]:
     """What can be checked of the model without its weights, before the run folder is touched
-    (a dry run, a run here, a run submitted to Slurm): the LoRA rank against the model's width,
-    and a real model on the default task of a new run."""
+    (a dry run, a run here, a run submitted to Slurm): the model's name (a near miss refused, an
+    alias in another case taken), the LoRA rank against the model's width, and a real model on
+    the default task of a new run. Returns the lines to say about it ("note: ...", "warning: ...")."""
     cfg = plan.cfg
+    cfg.model.name, said = canonical_model_name(cfg.model.name)
     check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
     if not plan.resuming:
         refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    warning = None if plan.resuming else demo_sampling_warning(cfg)
+    return [f"note: {said}"] * bool(said) + [f"warning: {warning}"] * bool(warning)
 
 
 def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, console: Console) -> dict:
@@ -156,12 +187,14 @@ def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, conso
 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     cfg = plan.cfg
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    notes = check_before_loading(plan, config_files, overrides, shortcuts)
     algorithm = build_algorithm(cfg)  # checks the algorithm's settings; builds no model
     Console(soft_wrap=True).print(yaml.safe_dump(to_dict(cfg, algorithm.config_sections), sort_keys=False),
                                   markup=False, highlight=False)
     where = f"continues {plan.run_dir}" if plan.resuming else f"would create {plan.run_dir}"
-    lines = [f"run folder: {where}",
+    notes += [f"note: {line}" for line in [hub_lookup_note(cfg.model.name)] if line]
+    lines = [*notes,
+             f"run folder: {where}",
              f"model: {cfg.model.name}, {model_size(cfg.model.name)}",
              f"algorithm: {cfg.algo.name}; task: {cfg.task.name} ({task_description(cfg)}); steps: {cfg.train.steps}",
              *sampling_lines(cfg, algorithm.generation_rounds()),
@@ -177,7 +210,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     do not make it a used folder)."""
     route_library_warnings()  # library warnings go to the run folder's log (_train names it), not the terminal
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    notes = check_before_loading(plan, config_files, overrides, shortcuts)
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
     from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 
@@ -187,6 +220,8 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
     run_dir = plan.run_dir
     created = not run_dir.exists()
     lock = RunLock(run_dir)  # held by the main process for the whole run

@@ -60,7 +60,8 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
         check_before_submit(settings, gpus_per_node)  # check_settings, then the cluster
     plan = prepare_run(config_files, overrides, shortcuts, None)
     cfg, run_dir = plan.cfg, plan.run_dir.resolve()
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    for note in check_before_loading(plan, config_files, overrides, shortcuts):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     check_server_nodes(cfg, nodes, server_nodes)
     sections = build_algorithm(cfg).config_sections
     server = server_node(cfg, gpus_per_node) if server_nodes else None

@@ -1,0 +1,66 @@
+"""A researcher's first hour (issue 54): the messages say what to do, without loading a model.
+Each test fails on the code before the issue and asserts the message itself."""
+
+from typer.testing import CliRunner
+
+from meds_cli.app import app
+from tests.cli_errors import one_error_line
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def dry_run_lines(*args) -> list[str]:
+    result = invoke("train", *args, "--dry-run")
+    assert result.exit_code == 0, result.output
+    return [line for line in result.output.splitlines() if line.startswith(("note:", "warning:", "model:"))]
+
+
+# ---------------------------------------------------------------- item 2: model names
+
+
+def test_model_typo_gets_did_you_mean_before_any_loading(tmp_path):
+    line = one_error_line(invoke("train", "--model", "smollm2-136m", "--task", "copy", "--dry-run"))
+    assert "unknown model 'smollm2-136m'" in line and "did you mean 'smollm2-135m'" in line and "meds list" in line
+    line = one_error_line(invoke("eval", "--model", "Qwen2.5-Math-1.5C", "--limit", "1",
+                                 "--output", str(tmp_path / "e")))
+    assert "did you mean 'Qwen2.5-Math-1.5B'" in line
+    assert not (tmp_path / "e").exists()
+
+
+def test_alias_in_another_case_is_taken_and_said():
+    lines = dry_run_lines("--model", "qwen2.5-math-1.5b", "--task", "math", "--set", "task.path=x.jsonl")
+    assert "note: --model 'qwen2.5-math-1.5b' taken as 'Qwen2.5-Math-1.5B' (model names are matched ignoring case)" \
+        in lines
+    assert any(line.startswith("model: Qwen2.5-Math-1.5B, about 1.5B parameters") for line in lines)
+
+
+def test_a_hub_name_is_said_to_be_looked_up_on_the_model_hub():
+    lines = dry_run_lines("--model", "someone/some-model", "--task", "copy")
+    assert any("'someone/some-model' is neither a name from `meds list` nor a local folder: it will be looked up on "
+               "the model hub" in line for line in lines), lines
+
+
+def test_offline_hub_miss_says_model_hub(tmp_path):
+    line = one_error_line(invoke("train", "--model", "nobody/no-such-model-xyz", "--task", "copy", "--steps", "1",
+                                 "--output", str(tmp_path / "r")))
+    assert "from the model hub" in line and "dataset hub" not in line
+
+
+# ---------------------------------------------------------------- item 3: a real model at the demo's settings
+
+
+def test_real_model_with_the_demo_sampling_settings_is_warned():
+    lines = dry_run_lines("--model", "Qwen2.5-Math-1.5B", "--task", "math", "--set", "task.path=x.jsonl")
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert "rollout.prompts_per_step=4, rollout.group_size=8, rollout.max_new_tokens=64" in warning
+    assert "configs/meds_paper.yaml" in warning
+    # the paper's config, or any of the three set: no warning; the demo model on its toy task: none
+    assert not [line for line in dry_run_lines("-c", "configs/meds_paper.yaml") if line.startswith("warning:")]
+    assert not [line for line in dry_run_lines("--model", "Qwen2.5-Math-1.5B", "--task", "math", "--set",
+                                               "task.path=x.jsonl", "--set", "rollout.max_new_tokens=1024")
+                if line.startswith("warning:")]
+    assert not [line for line in dry_run_lines("--task", "arithmetic") if line.startswith("warning:")]
