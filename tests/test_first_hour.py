@@ -64,3 +64,12 @@ def test_real_model_with_the_demo_sampling_settings_is_warned():
                                                "task.path=x.jsonl", "--set", "rollout.max_new_tokens=1024")
                 if line.startswith("warning:")]
     assert not [line for line in dry_run_lines("--task", "arithmetic") if line.startswith("warning:")]
+
+
+# ---------------------------------------------------------------- item 9: the list-field message
+
+
+def test_a_list_field_names_the_bad_item_and_what_the_key_takes():
+    line = one_error_line(invoke("train", "--set", "meds.layers=[last]", "--dry-run"))
+    assert "config key 'meds.layers' has value ['last']: item 0 ('last') is not int" in line
+    assert "expected str or a list of int" in line and "last_half" in line and "last:K" in line
