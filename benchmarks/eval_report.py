@@ -58,19 +58,20 @@ def truncation_line(document: dict) -> str:
     return f"truncated at the {limit}-token limit: {', '.join(parts)}"
 
 
-def truncation_warning(document: dict) -> str | None:
+def truncation_warning(document: dict, lever: str = "--max-new-tokens") -> str | None:
     """A line naming the benchmarks where more than TRUNCATION_WARN_SHARE of the responses hit the
-    length limit, and the setting that raises it; None when none did."""
+    length limit, and the setting that raises it in the command that is running (`lever`: meds
+    eval's option by default; `meds ablate --max-new-tokens` inside an ablation); None when none did."""
     share = TRUNCATION_WARN_SHARE
     limit = document["config"].get("max_new_tokens")
     hit = [f"{name} {_pct(scores['truncated_share'])}%" for name, scores in document["benchmarks"].items()
            if scores.get("truncated_share", 0) > share]
     if not hit:
         return None
-    example = f" (e.g. --max-new-tokens {2 * limit})" if limit else ""
+    example = f" (e.g. {lever} {2 * limit})" if limit else ""
     return (f"more than {100 * share:.0f}% of the responses hit the {limit}-token limit ({', '.join(hit)}): they are "
             f"cut off before their answer, so the scores measure the limit more than the model; raise it with "
-            f"--max-new-tokens{example}")
+            f"{lever}{example}")
 
 
 def _problems_cell(scores: dict) -> str:
@@ -222,7 +223,7 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     print_table(comparison_table(labelled), console=console)
     for label, doc in labelled:
-        warning = truncation_warning(doc)
+        warning = truncation_warning(doc, "a new eval with meds eval --max-new-tokens")
         if warning:
             console.print(f"[yellow]warning:[/] {label}: {warning}")
     # a write that fails (full disk, read-only place) removes the folder this command created

@@ -287,6 +287,9 @@ def ablate(
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
     temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Response length of the evals (default: each variant's own, its training length, or the held-out "
+             "split's length); training's stays rollout.max_new_tokens (--set).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and stop.")] = False,
     estimate: Annotated[bool, typer.Option(
         "--estimate",
@@ -349,7 +352,8 @@ def ablate(
     # each variant is evaluated at its own response length, with the prompt style it trained with
     settings = EvalSettings(names, k=k, n=n, limit=limit, data_dir=str(data_dir) if data_dir else None,
                             temperature=temperature, prompt="auto", backend="hf" if names == [HELDOUT] else "auto")
-    summary = run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv, launch=launch)
+    summary = run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv, launch=launch,
+                           eval_length=max_new_tokens)
     failed = [name for name, item in summary.get("unfinished", {}).items() if item["state"] == "failed"]
     if failed:
         fail(f"{len(failed)} tasks failed ({', '.join(failed)}); the report compares the others. Fix the cause and "

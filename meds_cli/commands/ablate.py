@@ -267,15 +267,17 @@ def claim_folder(plan: Plan) -> None:
     replace_text(path, json.dumps({"variants": mine, "base": base}, indent=2) + "\n")  # whole or not at all
 
 
-def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None) -> dict:
+def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None,
+                 eval_length: int | None = None) -> dict:
     """Train and evaluate every variant not finished yet, where `launch` says (this process by
-    default; N processes; a Slurm job array), then write the report from the task folders."""
+    default; N processes; a Slurm job array), then write the report from the task folders.
+    `eval_length`: --max-new-tokens of the evals (None: each variant's own)."""
     from meds_cli.commands.ablate_eval import variant_settings
     from meds_cli.commands.ablate_launch import LaunchOptions, array_script
     from meds_cli.engine.run_folders.run_lock import FolderLock
 
     launch = launch or LaunchOptions()
-    variant_settings(eval_settings, 1)  # a bad --k / --benchmarks fails before the first variant trains
+    variant_settings(eval_settings, eval_length or 1)  # a bad --k / --benchmarks fails before the first variant trains
     launch.check()  # a bad launcher setting too, before anything is written or submitted
     if launch.launcher == "slurm":
         array_script(plan, launch.slurm)  # every value of the script checked before anything is written
@@ -284,16 +286,17 @@ def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, arg
     plan.folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(plan.folder, "ablation folder", "two ablations in one folder would train and evaluate its "
                     "tasks twice at once"):
-        return _run_claimed(plan, eval_settings, launch, console=console, quiet=quiet, argv=argv)
+        return _run_claimed(plan, eval_settings, launch, console=console, quiet=quiet, argv=argv,
+                            eval_length=eval_length)
 
 
-def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, argv) -> dict:
+def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, argv, eval_length=None) -> dict:
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.commands.ablate_launch import make_launcher, report, wait_with_progress
     from meds_cli.commands.ablate_task import clear_error, make_task, run_task, write_tasks
 
     claim_folder(plan)
-    write_tasks(plan, eval_settings, variant_sets)
+    write_tasks(plan, eval_settings, variant_sets, eval_length)
     console.print(f"ablation folder: [bold]{plain(plan.folder)}[/]  variants: {len(plan.variants)}  "
                   f"steps: {plan.steps}")
     pending, headers = [], {}

@@ -37,12 +37,13 @@ def task_command(folder: Path) -> list[str]:
     return [sys.executable, "-m", "meds_cli", "ablate-task", str(Path(folder).resolve())]
 
 
-def write_tasks(plan, eval_settings: EvalSettings, variant_sets) -> None:
+def write_tasks(plan, eval_settings: EvalSettings, variant_sets, eval_length: int | None = None) -> None:
     """tasks.json, and the resolved config of every task not started yet (a started one keeps its
-    own); variant_sets(variant): the variant's overrides as --set strings."""
+    own); variant_sets(variant): the variant's overrides as --set strings; eval_length: `meds
+    ablate --max-new-tokens` (None: each variant's own length)."""
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
-    record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings),
+    record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings), "eval_max_new_tokens": eval_length,
               "variants": [dataclasses.asdict(v) for v in plan.variants]}
     replace_text(plan.folder / TASKS_FILE, json.dumps(record, indent=2) + "\n")
     for variant in plan.variants:
@@ -66,6 +67,9 @@ def read_tasks(folder: Path) -> dict:
     require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, path,
             f"has steps = {steps!r}, not a number of steps")
     require(isinstance(settings, dict), path, f"has eval = {settings!r}, not the eval settings")
+    length = record.get("eval_max_new_tokens")
+    require(length is None or (isinstance(length, int) and not isinstance(length, bool) and length >= 1), path,
+            f"has eval_max_new_tokens = {length!r}, not a number of tokens")
     require(isinstance(variants, list) and bool(variants), path, "has no list of variants")
     for item in variants:
         seed = item.get("seed") if isinstance(item, dict) else None
@@ -174,7 +178,7 @@ def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     try:
         check_config(folder, variant["name"], variant["overrides"])
         train_task(folder, record["steps"], console, quiet, list(argv))
-        evaluate_variant(folder, eval_settings_of(record), console)
+        evaluate_variant(folder, eval_settings_of(record), console, record.get("eval_max_new_tokens"))
     except Exception as error:
         text = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
         replace_text(folder / ERROR_FILE, (last_line(text) or type(error).__name__) + "\n")

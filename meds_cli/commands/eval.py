@@ -218,8 +218,9 @@ def prompt_warning(document: dict, share: float = 0.5) -> str | None:
 
 def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, settings: EvalSettings,
              output: Path | None, dtype: str | None = None, quiet: bool = False,
-             console: Console | None = None) -> dict:
-    """Evaluate and write the outputs; returns the results document."""
+             console: Console | None = None, length_option: str = "--max-new-tokens") -> dict:
+    """Evaluate and write the outputs; returns the results document. `length_option`: the option
+    that sets the response length in the command running this eval, for the truncation advice."""
     library_warnings = route_library_warnings()  # to the output folder's log, not between the lines below
     console = console or Console(stderr=True, soft_wrap=True)  # paths in messages stay copyable
     if run_dir is not None and model is not None:
@@ -292,7 +293,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         outcome.timing["load_s"] += load_s
         outcome.timing["total_s"] += load_s
         document = results_document(spec, settings, outcome, backend_name)
-        warnings = [line for line in (prompt_warning(document), truncation_warning(document)) if line]
+        warnings = [line for line in (prompt_warning(document), truncation_warning(document, length_option)) if line]
         if warnings:
             document["warnings"] = warnings
         write_results(folder, document)
