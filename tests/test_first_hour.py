@@ -73,3 +73,18 @@ def test_a_list_field_names_the_bad_item_and_what_the_key_takes():
     line = one_error_line(invoke("train", "--set", "meds.layers=[last]", "--dry-run"))
     assert "config key 'meds.layers' has value ['last']: item 0 ('last') is not int" in line
     assert "expected str or a list of int" in line and "last_half" in line and "last:K" in line
+
+
+# ---------------------------------------------------------------- item 5: meds eval on an ablation folder
+
+
+def test_eval_of_an_ablation_folder_says_what_it_is_and_how_to_evaluate_its_runs(tmp_path):
+    folder = tmp_path / "ablate-x"
+    for name in ("features-logits", "features-random"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "config.yaml").write_text("algo: {name: meds}\n")
+    (folder / "tasks.json").write_text("{}\n")
+    line = one_error_line(invoke("eval", str(folder), "--limit", "1"))
+    assert f"'{folder}' is an ablation folder (meds ablate), not a run folder" in line
+    assert "features-logits, features-random" in line and str(folder / "features-logits") in line
+    assert f"meds ablate --collect {folder}" in line and "start it again with --output" not in line

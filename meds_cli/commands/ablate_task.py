@@ -25,7 +25,7 @@ from meds_cli.engine.config import dump_yaml, load_config
 from meds_cli.engine.launchers.tasks import Task
 from meds_cli.engine.run_folders import run_dir as runs
 
-TASKS_FILE = "tasks.json"
+TASKS_FILE = runs.ABLATION_FILE
 ERROR_FILE = "task_error.txt"
 LOGS = ("slurm-*.out", "task.log")
 PREPARED = ("config.yaml", ERROR_FILE, *LOGS)  # what a task folder holds before its run starts
