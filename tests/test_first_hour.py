@@ -88,3 +88,33 @@ def test_eval_of_an_ablation_folder_says_what_it_is_and_how_to_evaluate_its_runs
     assert f"'{folder}' is an ablation folder (meds ablate), not a run folder" in line
     assert "features-logits, features-random" in line and str(folder / "features-logits") in line
     assert f"meds ablate --collect {folder}" in line and "start it again with --output" not in line
+
+
+# ---------------------------------------------------------------- item 8: --compare of unlike evals
+
+
+def _doc(k, n, problems):
+    ks = [str(2 ** i) for i in range(k.bit_length()) if 2 ** i <= k]
+    return {"config": {"k": k, "n": n}, "benchmarks": {name: {"pass@k": {x: 0.5 for x in ks}, "problems": count}
+                                                       for name, count in problems.items()}}
+
+
+def test_compare_notes_evals_that_differ_in_k_n_and_problems():
+    from rich.console import Console
+
+    from benchmarks.eval_report import comparison_table, setting_differences
+
+    labelled = [("A", _doc(128, 128, {"math500": 500, "aime24": 30})), ("B", _doc(8, 16, {"math500": 50}))]
+    notes = setting_differences(labelled)
+    assert notes == [
+        "the evals differ in k (the largest pass@k) (A 128, B 8): the table shows the pass@k they all have",
+        "the evals differ in samples per problem n (A 128, B 16): pass@k from fewer samples is noisier",
+        "math500: the evals scored different problems (A 500, B 50 problems): the table's rows are not over the "
+        "same problems; the paired lines compare the problems they share",
+        "aime24: not in B's eval; it is compared only among the others",
+    ]
+    console = Console(record=True, width=200)
+    console.print(comparison_table(labelled))
+    text = console.export_text()
+    assert "note: the evals differ in k" in text and "pass@8" in text and "pass@16" not in text
+    assert setting_differences([("A", _doc(8, 8, {"math500": 50})), ("B", _doc(8, 8, {"math500": 50}))]) == []

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # `say` callbacks of lower layers (checkpoint_store, vllm_engine) take plain text and their printers
 # escape it; app.fail escapes its whole message.
 CONSOLE_METHODS = {"print", "status"}
+PACKAGES = ("meds_cli", "benchmarks", "algorithms")
 
 
 def _is_markup_call(call: ast.Call) -> bool:
@@ -68,7 +69,7 @@ def _unescaped_parts(call: ast.Call) -> list[str]:
 
 def test_every_printed_fstring_escapes_its_dynamic_parts():
     offenders = []
-    for path in sorted((ROOT / "meds_cli").rglob("*.py")):
+    for path in sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and _is_markup_call(node):
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {part}" for part in _unescaped_parts(node)]

@@ -385,7 +385,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     out = Console()  # the result goes to stdout, progress to stderr
     print_table(rich_table(rows, k, f"ablation {plain(folder)}"), console=out)
     for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
                   f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}",
                   markup=False, highlight=False, soft_wrap=True)

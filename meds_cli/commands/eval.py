@@ -276,7 +276,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     console.print(f"eval of [bold]{plain(spec.label)}[/] on {plain(', '.join(settings.benchmarks))}: "
                   f"n={settings.samples} "
                   f"k<={settings.k}  prompt: {plain(settings.prompt)} ({plain(why)})  output: [bold]{plain(folder)}[/]")
-    console.print(work_line(suites, settings))
+    console.print(work_line(suites, settings), markup=False, highlight=False, soft_wrap=True)
     progress = Progress(TextColumn("[bold]eval"), TextColumn("{task.fields[label]}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), EtaColumn(),
                         console=console, disable=quiet)
@@ -300,7 +300,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         library_warnings.flush()
         plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
         print_table(score_table(document))
-        console.print(truncation_line(document), highlight=False)
+        console.print(truncation_line(document), markup=False, highlight=False, soft_wrap=True)
         for warning in warnings:
             console.print(f"[yellow]warning:[/] {plain(warning)}")
         console.print(f"results: {plain(folder / 'results.json')}  samples: {plain(outcome.samples_path)}  "
