@@ -298,7 +298,7 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
     claim_folder(plan)
     write_tasks(plan, eval_settings, variant_sets, eval_length)
     console.print(f"ablation folder: [bold]{plain(plan.folder)}[/]  variants: {len(plan.variants)}  "
-                  f"steps: {plan.steps}")
+                  f"steps: {plan.steps}", soft_wrap=True)
     pending, headers = [], {}
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
@@ -325,7 +325,8 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
         wait_with_progress(launcher, console, quiet)
     except KeyboardInterrupt:
         launcher.stop()
-        console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue")
+        console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue",
+                      soft_wrap=True)
         raise
     return report(plan.folder, plan.variants, eval_settings, console)
 
