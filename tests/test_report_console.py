@@ -54,3 +54,14 @@ def test_on_a_narrow_terminal_a_wide_table_splits_and_keeps_every_number_whole()
         for header in ("pass@1", "pass@8", "distinct wrong", "s/step"):
             assert header in " ".join(text.split()), (width, header)
         assert text.count("features-random") >= 2  # the row names repeat in every part
+
+
+def test_a_trainer_line_naming_a_path_stays_one_line_in_a_log(capsys):
+    # issue 54: the precision line broke at 80 columns mid-path when stderr was a file
+    from types import SimpleNamespace
+
+    from meds_cli.engine.trainer_parts import say
+
+    path = "/scratch/someone/runs/" + "a-long-folder-name/" * 8 + "config.yaml"
+    say(SimpleNamespace(is_main_process=True), f"precision: bf16 (calibrated, see {path})")
+    assert capsys.readouterr().err == f"precision: bf16 (calibrated, see {path})\n"
