@@ -42,6 +42,12 @@ def export_command(
     if push_to_hub:
         check_repo_id(push_to_hub)
         check_hub_reachable(push_to_hub)
+    from meds_cli.core.library_warnings import route_library_warnings
+    from meds_cli.engine.run_folders.run_dir import resolve_run_dir
+
+    # transformers' and peft's warnings while rebuilding and saving the model are theirs, not the
+    # user's: they go to the run folder's library_warnings.log (beside training's), not the export
+    route_library_warnings().log_to(resolve_run_dir(str(run)))
     with console.status(f"exporting {plain(run)} ..."):
         result = export_run(run, output, step=step, merge=merge)
     named = f" (base: {result.base})" if result.base else ""
