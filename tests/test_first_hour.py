@@ -118,3 +118,16 @@ def test_compare_notes_evals_that_differ_in_k_n_and_problems():
     text = console.export_text()
     assert "note: the evals differ in k" in text and "pass@8" in text and "pass@16" not in text
     assert setting_differences([("A", _doc(8, 8, {"math500": 50})), ("B", _doc(8, 8, {"math500": 50}))]) == []
+
+
+# ---------------------------------------------------------------- item 16: the ablation plan shows each arm's base
+
+
+def test_ablate_dry_run_shows_each_arms_base_and_key_settings(tmp_path):
+    result = invoke("ablate", "--algos", "dapo,outcome-ucb,w-reinforce", "--steps", "2", "--dry-run",
+                    "--output", str(tmp_path / "abl"))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "outcome-ucb on grpo; outcome-ucb.variant=ucb" in text
+    assert "w-reinforce on dapo; w-reinforce.mode=weighted" in text
+    assert not (tmp_path / "abl").exists()

@@ -376,10 +376,14 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each "
                         f"-> {plain(plan.folder)}",
                   title_justify="left")
-    table.add_column("variant")
-    table.add_column("overrides")
-    for v in plan.variants:
-        table.add_row(v.name, " ".join(f"{key}={value}" for key, value in v.overrides.items()))
+    from meds_cli.commands.ablate_report import setup_text
+    from meds_cli.engine.config import load_config
+
+    table.add_column("variant", no_wrap=True)
+    table.add_column("setup (base and key settings)")
+    for v in plan.variants:  # each arm's resolved config: what the report's setup column will say
+        cfg = load_config(plan.config_files, plan.base_sets + variant_sets(v))
+        table.add_row(plain(v.name), plain(setup_text(cfg, v.overrides)))
     console.print(table)
     seconds = total = None
     if not probe:

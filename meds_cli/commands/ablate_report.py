@@ -175,15 +175,20 @@ def _cell(mean, std, digits: int = 3) -> str:
 
 
 def arm_setup(run_dir: Path, overrides: dict) -> str:
-    """What an arm runs, from its config.yaml: the algorithm, the base it sits on when it composes
-    (`outcome-ucb on grpo`), its key settings (the class's `key_settings`) and the variant's own
-    overrides, so that a table shows an arm on GRPO beside one on DAPO."""
-    from algorithms import ALGORITHMS
+    """What an arm runs, from its config.yaml (setup_text); '-' before the folder has one."""
     from meds_cli.engine.config import load_config
 
     if not (run_dir / "config.yaml").is_file():
         return "-"
-    cfg = load_config([str(run_dir / "config.yaml")])
+    return setup_text(load_config([str(run_dir / "config.yaml")]), overrides)
+
+
+def setup_text(cfg, overrides: dict) -> str:
+    """What an arm runs: the algorithm, the base it sits on when it composes (`outcome-ucb on
+    grpo`), its key settings (the class's `key_settings`) and the variant's own overrides, so that
+    a table (the report's, the dry run's) shows an arm on GRPO beside one on DAPO."""
+    from algorithms import ALGORITHMS
+
     cls = ALGORITHMS.get(cfg.algo.name)
     own = cls.key_settings(cfg.algorithms[cfg.algo.name])
     settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
