@@ -131,3 +131,40 @@ def test_ablate_dry_run_shows_each_arms_base_and_key_settings(tmp_path):
     assert "outcome-ucb on grpo; outcome-ucb.variant=ucb" in text
     assert "w-reinforce on dapo; w-reinforce.mode=weighted" in text
     assert not (tmp_path / "abl").exists()
+
+
+# ---------------------------------------------------------------- item 12: the engine in the header and table
+
+
+def test_the_run_says_its_engine_and_staleness_in_the_header_and_the_final_table(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from meds_cli.commands.train import engine_text, print_summary
+    from meds_cli.engine.config import load_config
+
+    apart = load_config([], ["rollout.engine=hf-worker", "rollout.max_staleness=1"])
+    assert engine_text(apart) == "engine: hf-worker, staleness k=1"
+    assert engine_text(load_config([], [])) == "engine: hf"
+    out = io.StringIO()
+    rows = [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.5}]
+    print_summary(Console(file=out, width=80), tmp_path / "run", rows, engine_text(apart))
+    assert "run: step 1 -> 2 (engine: hf-worker, staleness k=1)" in out.getvalue()
+
+
+def test_the_hf_worker_leaves_no_empty_scratch_folder(tmp_path):
+    from types import SimpleNamespace
+
+    from meds_cli.engine.rollout.hf_worker import HFWorkerEngine
+
+    stopped = SimpleNamespace(is_alive=lambda: False)
+    for keep in (False, True):
+        scratch = tmp_path / f"scratch-{keep}"
+        scratch.mkdir()
+        if keep:  # another engine's file: the folder stays
+            (scratch / "adapter.safetensors").write_text("x")
+        engine = HFWorkerEngine.__new__(HFWorkerEngine)
+        engine.process, engine.scratch_dir = stopped, scratch
+        engine.close()
+        assert scratch.exists() == keep

@@ -280,7 +280,8 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
             runs.write_provenance(run_dir, list(argv))
     route_library_warnings().log_to(run_dir)  # the run has started: its folder keeps them
     console.print(f"run folder: [bold]{plain(run_dir)}[/]  algorithm: {plain(cfg.algo.name)}  "
-                  f"model: {plain(cfg.model.name)}  task: {plain(cfg.task.name)}", soft_wrap=True)
+                  f"model: {plain(cfg.model.name)}  task: {plain(cfg.task.name)}  {plain(engine_text(cfg))}",
+                  soft_wrap=True)
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
         return 0
@@ -305,15 +306,25 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
                       f"continue with: meds train --resume {plain(run_dir)}")
         return 130
     if main:
-        print_summary(console, run_dir, runs.metrics_rows(run_dir))
+        print_summary(console, run_dir, runs.metrics_rows(run_dir), engine_text(cfg))
     return 0
 
 
-def print_summary(console: Console, run_dir: Path, rows: list[dict]) -> None:
+def engine_text(cfg: RunConfig) -> str:
+    """'engine: hf', or with an engine that runs apart from the trainer its staleness too
+    ('engine: hf-worker, staleness k=1'): what the samples of the run came from."""
+    engine = cfg.rollout.engine
+    return f"engine: {engine}" + (f", staleness k={cfg.rollout.max_staleness}" if engine != "hf" else "")
+
+
+def print_summary(console: Console, run_dir: Path, rows: list[dict], setup: str = "") -> None:
     if not rows:
         return
     first, last = rows[0], rows[-1]
-    table = Table(title=f"{plain(run_dir.name)}: step {first['step']} -> {last['step']}", title_justify="left")
+    # the heading on a line of its own: as a table title rich would wrap it to the table's width
+    console.print(f"{run_dir.name}: step {first['step']} -> {last['step']}" + (f" ({setup})" if setup else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("first", justify="right")
     table.add_column("last", justify="right")
