@@ -136,7 +136,9 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
                 ax.fill_between(ks, [100 * intervals[str(k)][0] for k in ks], [100 * intervals[str(k)][1] for k in ks],
                                 color=line.get_color(), alpha=0.15)
         ax.set_xscale("log", base=2)
-        ax.set_title(name)
+        banded = any(all(str(k) in (s.get("pass@k_ci") or {}) for k in s["pass@k"])
+                     for s in (doc["benchmarks"].get(name) for _, doc in curves) if s)
+        ax.set_title(f"{name}\n(band: 95% interval over problems)" if banded else name)
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k (%)")
         ax.grid(True, alpha=0.3)

@@ -261,15 +261,30 @@ def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     _pyplot().close(fig)
 
 
+def arm_colours(variants) -> dict[str, str]:
+    """One colour per variant group, the same in every panel and plot: a group that did not log a
+    curve (the baseline's clusters) must not shift the others' colours."""
+    return {group: f"C{i % 10}" for i, group in enumerate(dict.fromkeys(v.group for v in variants))}
+
+
+def integer_steps(ax) -> None:
+    """Steps are whole numbers: no 1.5 on the x axis of a short run."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _draw_step_curves(ax, variants, results: dict[str, dict], curve: str) -> None:
     """The curve of every variant group on `ax`: mean over seeds, a band of one std; a group that
     did not log it (the baseline's clusters) is left out."""
+    colours = arm_colours(variants)
     for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
         if not steps:
             continue
-        ax.plot(steps, mean, marker="o", markersize=2, label=group)
+        ax.plot(steps, mean, marker="o", markersize=2, label=group, color=colours[group])
         if std.any():
-            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colours[group])
+    integer_steps(ax)
 
 
 def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
@@ -297,9 +312,10 @@ def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> Non
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
     """pass@k against k (log scale), mean over seeds with error bars of one std."""
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    colours = arm_colours(variants)
     for group, (ks, mean, std) in curves_over_seeds(variants, results, "pass_at_k_curve").items():
         if ks:
-            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group)
+            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, color=colours[group])
     ax.set_xscale("log", base=2)
     _save(fig, ax, path, "k", "pass@k", "pass@k per variant (mean over seeds, bars: one std)")
 

@@ -154,9 +154,18 @@ def plot_projection(analysis: dict, path: Path) -> None:
                  f"{analysis['clusters']} clusters (grey = noise), x wrong, o correct")
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
-    legend = ax.legend(loc="best")
+    legend = ax.legend(loc="upper left", title="marker", fontsize="small")
     for handle in legend.legend_handles:  # the marker, not a cluster's colour, tells wrong from correct
         handle.set_color("black")
+    ax.add_artist(legend)
+    from matplotlib.lines import Line2D
+
+    # a second legend for the colours: which cluster each is (grey: noise)
+    shown = sorted(set(labels.tolist()), key=lambda v: (v < 0, v))
+    clusters = [Line2D([], [], linestyle="", marker="s", color=colour, label="noise" if value < 0 else f"C{value}")
+                for value, colour in zip(shown, _colours(np.array(shown, dtype=int)))]
+    if clusters:
+        ax.legend(handles=clusters, loc="lower right", title="cluster", fontsize="small")
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -202,6 +211,9 @@ def plot_steps(series: dict, path: Path) -> None:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
         ax.set_ylabel(key.split("/")[-1])
         ax.set_title(title, fontsize=10)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     save_figure(fig, path)
