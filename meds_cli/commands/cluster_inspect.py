@@ -229,6 +229,31 @@ def save_figure(fig, path: Path) -> None:
 # ---------------------------------------------------------------- the command
 
 
+def prompt_problem(run_dir: Path, prompt_id: str) -> dict:
+    """The question and gold answer of a remembered prompt: from the run's logged samples
+    (RUN/samples/step_N.jsonl) where one shows it, else from the run's task built as training built
+    it; None for each where neither can say (the task's data not at hand here)."""
+    from meds_cli.core.jsonl import read_rows
+
+    for path in sorted((run_dir / "samples").glob("step_*.jsonl"), reverse=True):
+        for row in read_rows(path, []):
+            if str(row.get("problem_id")) == prompt_id:
+                return {"question": row.get("prompt"), "gold": row.get("gold")}
+    try:
+        from benchmarks import load_all
+        from benchmarks.tasks import build_task
+        from meds_cli.engine.config import load_config
+
+        load_all()
+        cfg = load_config([str(run_dir / "config.yaml")])
+        found = next((p for p in build_task(cfg.task, cfg.train.seed).train if str(p.id) == prompt_id), None)
+    except (UserError, OSError, ValueError):  # data on the hub while offline, a moved file: say nothing
+        found = None
+    if found is None:
+        return {"question": None, "gold": None}
+    return {"question": found.question, "gold": found.answer if isinstance(found.answer, (str, int, float)) else None}
+
+
 def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | None = None,
                 output: str | Path | None = None) -> dict:
     """Everything the command shows, as plain data; writes the PNGs under `output`."""
@@ -265,7 +290,7 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
                      "shuffled": isinstance(settings.clusterer, ShuffledLabels)},
         "prompts": [public(a) for a in analyses.values()],
         "ari_answers_mean": float(np.mean(aris)) if aris else None,
-        "prompt": {**public(chosen), "clusters_detail": chosen["clusters_detail"]},
+        "prompt": {**public(chosen), **prompt_problem(run_dir, prompt), "clusters_detail": chosen["clusters_detail"]},
         "steps": series,
         "plots": {k: str(v) for k, v in plots.items()},
     }
@@ -292,6 +317,9 @@ def print_report(report: dict, console=None) -> None:
                   "ARI: adjusted Rand index of clusters vs final answers")
     console.print(f"mean ARI of clusters vs final answers: {plain('-' if mean is None else f'{mean:.3f}')}")
     chosen = report["prompt"]
+    if chosen.get("question") is not None:  # what the clusters answered, and what was right
+        console.print(f"prompt {chosen['prompt']}: {chosen['question']}\ngold answer: {chosen.get('gold')}",
+                      markup=False, highlight=False, soft_wrap=True)
     detail = Table(title=f"prompt {plain(chosen['prompt'])}: clusters", title_justify="left")
     for name in ["cluster", "size", "share wrong", "most common answers", "samples"]:
         detail.add_column(name, overflow="fold")
