@@ -168,3 +168,14 @@ def test_the_hf_worker_leaves_no_empty_scratch_folder(tmp_path):
         engine.process, engine.scratch_dir = stopped, scratch
         engine.close()
         assert scratch.exists() == keep
+
+
+# ---------------------------------------------------------------- item 10: the README's first eval fits a CPU
+
+
+def test_the_readmes_first_eval_example_is_limited():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first = next(line for line in readme.splitlines() if line.startswith("meds eval"))
+    assert "--limit" in first and "--k 128" not in first, first
