@@ -12,16 +12,20 @@ I_i = -ln p_k(i), H = -sum p_k ln p_k and S = mean over W of |A_i|:
             = alpha * S * (I_i - H) / ln N_w     if K > 1     (zero-sum over W)
 so a dominant error is penalised more and a rare one less. The clip (`edas.clip`) keeps every
 wrong response's advantage on its side of zero:
-  sign (default, the paper's): a change may move A_i towards zero only as far as A_i / kappa;
-    away from zero it is not limited (a negative shift on a negative advantage cannot reverse
-    its sign). Where it binds with K > 1, the other wrong responses absorb what it held back,
-    one equal shift each, so the wrong subset still sums to zero (sign_keeping_clip).
-  magnitude: A_i <- A_i + sign(Delta_i) * min(|Delta_i|, |A_i| / kappa), both directions, no
-    absorption (magnitude_clip).
+  kappa (default; the authors' rule, their README's "Method at a glance"):
+    A_i <- A_i + sgn(Delta_i) * min(|Delta_i|, |A_i| / kappa), in both directions, no
+    absorption (kappa_clip). `magnitude` is its former name, still accepted.
+  sign (a variant, this project's reading of the paper's text): a change may move A_i towards
+    zero only as far as A_i / kappa; away from zero it is not limited. Where it binds with K > 1,
+    the other wrong responses absorb what it held back, one equal shift each, so the wrong subset
+    still sums to zero (sign_keeping_clip).
+The two agree with binary rewards and alpha, beta <= 0.5 (no change then reaches |A| / 2); they
+differ at larger alpha or beta and with partial credit.
 `all_wrong_penalty` p > 0: a group whose responses are all wrong with one error class, and to
 which the base gave no advantage (S = 0, e.g. GRPO), gets A_i = -p; its groups are then kept by
-DAPO's dynamic-sampling filter (keep_groups). alpha, beta and p may warm up linearly over
-`warmup_steps`.
+DAPO's dynamic-sampling filter (keep_groups). alpha, beta and p are off for the first
+`warmup_start` steps, then ramp up linearly over `warmup_steps` (warmup_factor), as the
+authors' warm-up scale.
 """
 
 from __future__ import annotations
@@ -39,21 +43,25 @@ from meds_cli.core.records import MATH_OUTCOMES  # any other verdict outcome is 
 from meds_cli.core.rollouts import group_slices
 
 NO_ANSWER_CLASS = "no_answer"
-CLIP_MODES = ["sign", "magnitude"]
+# kappa: the authors' clip; magnitude: its name before issue 54, kept so older configs and run folders load
+CLIP_MODES = ["kappa", "sign", "magnitude"]
 
 
 @dataclass
 class EDASConfig:
     alpha: float = doc(0.2, "strength of the redistribution between error classes (K > 1)", at_least(0))
     beta: float = doc(0.2, "extra penalty, in units of S, when every error is the same (K = 1)", at_least(0))
-    kappa: float = doc(2.0, "clip margin: a change moves A towards zero at most to A / kappa (sign clip), or by at "
-                            "most |A| / kappa (magnitude clip)", greater_than(1, "else the clip can flip a sign"))
-    clip: str = choice("sign", CLIP_MODES, "sign: only changes towards zero are limited, the rest of the wrong "
-                       "responses absorb what is held back (the paper); magnitude: every change at most |A| / kappa")
+    kappa: float = doc(2.0, "clip margin: a change is at most |A| / kappa (kappa clip), or moves A towards zero at "
+                            "most to A / kappa (sign clip)", greater_than(1, "else the clip can flip a sign"))
+    clip: str = choice("kappa", CLIP_MODES, "kappa: every change at most |A| / kappa, both directions (the authors' "
+                       "code); sign: only changes towards zero are limited, the rest of the wrong responses absorb "
+                       "what is held back (a variant); magnitude: the former name of kappa")
     all_wrong_penalty: float = doc(0.0, "advantage -p for an all-wrong group with one error class that the base gives "
                                         "no advantage; DAPO then keeps such groups (0: off, the paper)", at_least(0))
+    warmup_start: int = doc(0, "training steps with no shaping at all before the warm-up ramp begins (0: none)",
+                            at_least(0))
     warmup_steps: int = doc(0, "linear warm-up of alpha, beta and all_wrong_penalty over this many training steps "
-                               "(0: none)", at_least(0))
+                               "after warmup_start (0: full strength at once)", at_least(0))
     equivalence: str = choice("grader", EQUIVALENCE_MODES, "math error classes: canonical key then grader, or key only")
 
 
@@ -84,9 +92,10 @@ def diversity_delta(labels: Sequence[Hashable], abs_advantages: Sequence[float],
     return [alpha * scale * (i - entropy) / math.log(n) for i in surprisal], "diverse"
 
 
-def magnitude_clip(advantages: torch.Tensor, delta: torch.Tensor, kappa: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`edas.clip: magnitude`: (A + sign(Delta) * min(|Delta|, |A| / kappa), bool mask of the Deltas
-    the clip shortened). Limits changes away from zero too, so it is not the paper's clip."""
+def kappa_clip(advantages: torch.Tensor, delta: torch.Tensor, kappa: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`edas.clip: kappa`, the authors' rule: (A + sgn(Delta) * min(|Delta|, |A| / kappa), bool mask
+    of the Deltas the clip shortened). It limits changes away from zero too, and does not keep the
+    wrong subset's sum where it binds."""
     limit = advantages.abs() / kappa
     clipped = delta.abs() > limit
     return advantages + torch.sign(delta) * torch.minimum(delta.abs(), limit), clipped
@@ -148,7 +157,7 @@ def is_broken_record(labels: Sequence[Hashable], group_size: int) -> bool:
 
 
 def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequence[Hashable | None], group_size: int,
-                    alpha: float, beta: float, kappa: float, clip: str = "sign",
+                    alpha: float, beta: float, kappa: float, clip: str = "kappa",
                     all_wrong_penalty: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Shaped advantages [B] from base advantages [B], wrong [B] bool and an error class per
     response (read only where wrong), group by group; and the per-group facts for diagnostics."""
@@ -172,8 +181,8 @@ def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequ
         elif case == "none":
             cases.append(case)
             continue
-        elif clip == "magnitude":
-            new, clipped = magnitude_clip(shaped[index], torch.tensor(delta, dtype=shaped.dtype), kappa)
+        elif clip in ("kappa", "magnitude"):
+            new, clipped = kappa_clip(shaped[index], torch.tensor(delta, dtype=shaped.dtype), kappa)
         else:
             new, clipped = sign_keeping_clip(shaped[index], torch.tensor(delta, dtype=shaped.dtype), kappa,
                                              zero_sum=case == "diverse")
@@ -186,12 +195,15 @@ def edas_advantages(advantages: torch.Tensor, wrong: torch.Tensor, classes: Sequ
                     "in_scope": in_scope}
 
 
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """Share of alpha, beta and all_wrong_penalty in force at training step `step` (1-based):
-    step / warmup_steps, capped at 1."""
+def warmup_factor(step: int, warmup_steps: int, warmup_start: int = 0) -> float:
+    """Share of alpha, beta and all_wrong_penalty in force at training step `step` (1-based): 0
+    through step `warmup_start` (the delay), then (step - warmup_start) / warmup_steps capped at 1
+    (1 at once when warmup_steps is 0)."""
+    if step <= warmup_start:
+        return 0.0
     if warmup_steps <= 0:
         return 1.0
-    return min(1.0, step / warmup_steps)
+    return min(1.0, (step - warmup_start) / warmup_steps)
 
 
 # ---------------------------------------------------------------- error classes
@@ -245,7 +257,7 @@ class EDAS(OnBase):
         if advantages.dim() != 1:
             raise ValueError("EDAS shapes sequence-level advantages [B]; the base returned per-token ones")
         cfg = self.config
-        scale = warmup_factor(self.steps_done + 1, cfg.warmup_steps)
+        scale = warmup_factor(self.steps_done + 1, cfg.warmup_steps, cfg.warmup_start)
         wrong = ~correct_mask(rollouts)
         classes = error_classes(rollouts.verdicts, cfg.equivalence, rollouts.group_size)
         shaped, facts = edas_advantages(advantages, wrong, classes, rollouts.group_size,

@@ -19,6 +19,7 @@ from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdic
 from benchmarks.paired_compare import markdown as paired_markdown
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import output_folder, replace_figure, replace_text
+from meds_cli.core.markup import plain
 from meds_cli.core.report_console import print_table
 
 RESULTS_FILE = "results.json"
@@ -58,19 +59,20 @@ def truncation_line(document: dict) -> str:
     return f"truncated at the {limit}-token limit: {', '.join(parts)}"
 
 
-def truncation_warning(document: dict) -> str | None:
+def truncation_warning(document: dict, lever: str = "--max-new-tokens") -> str | None:
     """A line naming the benchmarks where more than TRUNCATION_WARN_SHARE of the responses hit the
-    length limit, and the setting that raises it; None when none did."""
+    length limit, and the setting that raises it in the command that is running (`lever`: meds
+    eval's option by default; `meds ablate --max-new-tokens` inside an ablation); None when none did."""
     share = TRUNCATION_WARN_SHARE
     limit = document["config"].get("max_new_tokens")
     hit = [f"{name} {_pct(scores['truncated_share'])}%" for name, scores in document["benchmarks"].items()
            if scores.get("truncated_share", 0) > share]
     if not hit:
         return None
-    example = f" (e.g. --max-new-tokens {2 * limit})" if limit else ""
+    example = f" (e.g. {lever} {2 * limit})" if limit else ""
     return (f"more than {100 * share:.0f}% of the responses hit the {limit}-token limit ({', '.join(hit)}): they are "
             f"cut off before their answer, so the scores measure the limit more than the model; raise it with "
-            f"--max-new-tokens{example}")
+            f"{lever}{example}")
 
 
 def _problems_cell(scores: dict) -> str:
@@ -84,7 +86,7 @@ def score_table(document: dict, title: str | None = None) -> Table:
     rows = list(document["benchmarks"].items())
     ks = _shown_ks(list(rows[0][1]["pass@k"])) if rows else []
     top = ks[-1] if ks else "1"
-    table = Table(title=title or f"{document.get('model', '?')}  (n={document['config'].get('n')})",
+    table = Table(title=title or f"{plain(document.get('model', '?'))}  (n={plain(document['config'].get('n'))})",
                   title_justify="left")
     table.add_column("benchmark")
     table.add_column("problems", justify="right")
@@ -134,7 +136,9 @@ def plot_pass_at_k(curves: list[tuple[str, dict]], path: Path) -> Path:
                 ax.fill_between(ks, [100 * intervals[str(k)][0] for k in ks], [100 * intervals[str(k)][1] for k in ks],
                                 color=line.get_color(), alpha=0.15)
         ax.set_xscale("log", base=2)
-        ax.set_title(name)
+        banded = any(all(str(k) in (s.get("pass@k_ci") or {}) for k in s["pass@k"])
+                     for s in (doc["benchmarks"].get(name) for _, doc in curves) if s)
+        ax.set_title(f"{name}\n(band: 95% interval over problems)" if banded else name)
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k (%)")
         ax.grid(True, alpha=0.3)
@@ -186,6 +190,31 @@ def _unique_labels(labelled: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
     return out
 
 
+def setting_differences(labelled: list[tuple[str, dict]]) -> list[str]:
+    """Where the compared evals were not run alike, one line each: k, the samples per problem n,
+    and per benchmark the number of problems (a --limit, another data folder). The table shows
+    the pass@k all of them have; the paired lines compare the problems they share."""
+    notes = []
+    for key, what in (("k", "k (the largest pass@k)"), ("n", "samples per problem n")):
+        values = [(label, doc.get("config", {}).get(key)) for label, doc in labelled]
+        if len({value for _, value in values if value is not None}) > 1:
+            listed = ", ".join(f"{label} {value}" for label, value in values)
+            notes.append(f"the evals differ in {what} ({listed})" +
+                         (": the table shows the pass@k they all have" if key == "k" else
+                          ": pass@k from fewer samples is noisier"))
+    names = list(dict.fromkeys(name for _, doc in labelled for name in doc["benchmarks"]))
+    for name in names:
+        counts = [(label, doc["benchmarks"][name]["problems"]) for label, doc in labelled if name in doc["benchmarks"]]
+        if len(counts) < len(labelled):
+            missing = [label for label, doc in labelled if name not in doc["benchmarks"]]
+            notes.append(f"{name}: not in {', '.join(missing)}'s eval; it is compared only among the others")
+        if len({count for _, count in counts}) > 1:
+            listed = ", ".join(f"{label} {count}" for label, count in counts)
+            notes.append(f"{name}: the evals scored different problems ({listed} problems): the table's rows are "
+                         f"not over the same problems; the paired lines compare the problems they share")
+    return notes
+
+
 def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
     """Rows: benchmark x eval; columns: the pass@k values all of them share, and maj@k at the top k."""
     table = Table(title="comparison", title_justify="left")
@@ -210,6 +239,9 @@ def comparison_table(labelled: list[tuple[str, dict]]) -> Table:
                           _pct((scores.get("maj@k") or {}).get(top)), str(scores["problems"]),
                           _truncated_cell(scores))
         table.add_section()
+    notes = setting_differences(labelled)
+    if notes:  # under the table, where its numbers are read
+        table.caption, table.caption_justify = "\n".join(f"note: {note}" for note in notes), "left"
     return table
 
 
@@ -222,24 +254,25 @@ def compare(targets: list[Path], output: Path | None, console: Console) -> Path:
     folder = Path(output) if output else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     print_table(comparison_table(labelled), console=console)
     for label, doc in labelled:
-        warning = truncation_warning(doc)
+        warning = truncation_warning(doc, "a new eval with meds eval --max-new-tokens")
         if warning:
-            console.print(f"[yellow]warning:[/] {label}: {warning}")
+            console.print(f"[yellow]warning:[/] {plain(label)}: {plain(warning)}")
     # a write that fails (full disk, read-only place) removes the folder this command created
     with output_folder(folder):
         plot = plot_pass_at_k(labelled, folder / PLOT_FILE)
         summary = {"evals": [{"label": label, "source": str(find_results(t)), "benchmarks": doc["benchmarks"]}
-                             for (label, doc), t in zip(labelled, targets)]}
+                             for (label, doc), t in zip(labelled, targets)],
+                   "notes": setting_differences(labelled)}
         paired = paired_against_first(labelled, targets, console)
         if paired:
             summary["paired"] = paired
             written = write_paired(paired, folder)
             replace_text(folder / "summary.md", f"# Comparison: {', '.join(label for label, _ in labelled)}\n\n"
                          + paired_markdown(paired))
-            console.print(f"per-problem differences: {written[0]}  paired plot: {written[1]}  "
-                          f"summary: {folder / 'summary.md'}")
+            console.print(f"per-problem differences: {plain(written[0])}  paired plot: {plain(written[1])}  "
+                          f"summary: {plain(folder / 'summary.md')}")
         replace_text(folder / "compare.json", json.dumps(summary, indent=2) + "\n")
-    console.print(f"plot: {plot}")
+    console.print(f"plot: {plain(plot)}")
     return folder
 
 
@@ -252,9 +285,10 @@ def paired_against_first(labelled: list[tuple[str, dict]], targets: list[Path], 
         try:
             comparisons.append(compare_arms(Arm(label, [find_results(target)]), baseline))
         except UserError as error:
-            console.print(f"[yellow]note:[/] no paired statistics for {label} against {baseline.label}: {error}")
+            console.print(f"[yellow]note:[/] no paired statistics for {plain(label)} against "
+                          f"{plain(baseline.label)}: {plain(error)}", soft_wrap=True)
     for line in verdict_lines(comparisons):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for comparison in comparisons:
-        console.print(flipped_summary(comparison), highlight=False)
+        console.print(flipped_summary(comparison), markup=False, highlight=False, soft_wrap=True)
     return comparisons

@@ -214,6 +214,9 @@ def sample_rows(benchmark: Benchmark, problem: Problem, first: int, generated: G
             "correct": bool(verdict.correct), "outcome": verdict.outcome, "gold": _gold_text(problem),
             "length": int(length), "truncated": bool(truncated), "time": round(time.time(), 3),
         })
+    if rows:  # the question once per draw, not n times: a reader of samples.jsonl sees what was asked
+        rows[0] = {"benchmark": rows[0]["benchmark"], "problem_id": problem.id, "question": problem.question,
+                   **rows[0]}
     return rows
 
 

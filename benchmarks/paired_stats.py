@@ -143,6 +143,7 @@ def paired_difference(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Se
         "ci": [low, high], "confidence": confidence, "p_value": sign_flip_p_value(deltas, resamples, seed),
         "standard_error": standard_error, "detectable": detectable_difference(standard_error),
         "problems": int(sum(d.size for d in deltas)), "seeds": len(deltas), "resamples": resamples, "seed": seed,
+        "identical": all(not d.any() for d in deltas),  # no spread: nothing for an interval or a test to say
     }
 
 
@@ -150,10 +151,13 @@ def verdict_line(label_a: str, label_b: str, metric: str, result: dict) -> str:
     """One line in words: 'A - B pass@1 +0.047, 95% CI [-0.030, +0.120], p=0.31 (20 problems,
     2 seeds): no difference at this size (could detect 0.080)'."""
     low, high = result["ci"]
+    per_seed = "" if result["seeds"] == 1 else f" over {result['seeds']} seeds"
+    if result.get("identical"):  # every pair equal: a zero-width interval and "could detect 0.000" say nothing
+        return (f"{label_a} - {label_b} {metric} {result['delta']:+.3f}: identical on every problem "
+                f"({result['problems']} problem pairs{per_seed}); no spread to test a difference with")
     word = verdict_word(low, high, label_a, label_b)
     if word.startswith("no difference"):
         word += f" (could detect {result['detectable']:.3f})"
-    per_seed = "" if result["seeds"] == 1 else f" over {result['seeds']} seeds"
     return (f"{label_a} - {label_b} {metric} {result['delta']:+.3f}, {100 * result['confidence']:.0f}% CI "
             f"[{low:+.3f}, {high:+.3f}], p={result['p_value']:.2g} ({result['problems']} problem pairs{per_seed}): "
             f"{word}")

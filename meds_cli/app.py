@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from meds_cli import __version__
 from meds_cli.commands.export import export_command
 from meds_cli.core.errors import UserError, os_error, storage_error
+from meds_cli.core.markup import plain
 
 app = typer.Typer(help="meds: RL post-training of LLMs on verifiable reasoning, and the tools to compare and "
                        "inspect it.",
@@ -29,8 +29,7 @@ SlurmExtra = Annotated[Optional[list[str]], typer.Option(
 
 
 def fail(message: str, code: int = 2) -> None:
-    # The message is text, not markup: rich would take the [gym] of "pip install -e '.[gym]'" for a style.
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {plain(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -250,7 +249,7 @@ def cluster_inspect_cmd(
         from meds_cli.engine.run_folders.run_dir import newest_run
 
         run_dir = newest_run("runs")
-        err.print(f"no run folder given: inspecting the newest run, [bold]{run_dir}[/]", soft_wrap=True)
+        err.print(f"no run folder given: inspecting the newest run, [bold]{plain(run_dir)}[/]", soft_wrap=True)
     cluster_inspect(run_dir, step=step, prompt=prompt, output=output, as_json=json_)
 
 
@@ -288,6 +287,9 @@ def ablate(
     n: Annotated[Optional[int], typer.Option("--n", help="Samples per problem (default: k).")] = None,
     limit: Annotated[Optional[int], typer.Option(help="Evaluate only the first N problems.")] = None,
     temperature: Annotated[float, typer.Option(help="Eval sampling temperature.")] = 0.6,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Response length of the evals (default: each variant's own, its training length, or the held-out "
+             "split's length); training's stays rollout.max_new_tokens (--set).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the variants and stop.")] = False,
     estimate: Annotated[bool, typer.Option(
         "--estimate",
@@ -350,7 +352,8 @@ def ablate(
     # each variant is evaluated at its own response length, with the prompt style it trained with
     settings = EvalSettings(names, k=k, n=n, limit=limit, data_dir=str(data_dir) if data_dir else None,
                             temperature=temperature, prompt="auto", backend="hf" if names == [HELDOUT] else "auto")
-    summary = run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv, launch=launch)
+    summary = run_ablation(plan, settings, console=err, quiet=quiet, argv=sys.argv, launch=launch,
+                           eval_length=max_new_tokens)
     failed = [name for name, item in summary.get("unfinished", {}).items() if item["state"] == "failed"]
     if failed:
         fail(f"{len(failed)} tasks failed ({', '.join(failed)}); the report compares the others. Fix the cause and "

@@ -43,6 +43,13 @@ def test_report_and_plots(run_dir, tmp_path):
     chosen = report["prompt"]
     assert chosen["prompt"] == max(rows, key=lambda r: (r["largest_wrong_cluster"], r["entries"]))["prompt"]
     assert sum(c["size"] for c in chosen["clusters_detail"]) == chosen["entries"]
+    # issue 54: the question and its gold answer, as the run's task has them
+    from benchmarks.tasks import build_task
+    from meds_cli.engine.config import load_config
+
+    cfg = load_config([str(run_dir / "config.yaml")])
+    problem = next(p for p in build_task(cfg.task, cfg.train.seed).train if p.id == chosen["prompt"])
+    assert chosen["question"] == problem.question and chosen["gold"] == problem.answer
     for c in chosen["clusters_detail"]:
         assert 0.0 <= c["share_wrong"] <= 1.0 and len(c["samples"]) <= 2
         assert all(len(s) <= 8 for s in c["samples"])  # snippets are bounded in memory
@@ -143,3 +150,10 @@ def test_random_control_is_inspected_as_it_was_trained(tmp_path):
     answers = memory["p0"]["wrong"]["answers"]
     clusters = [f"c{v}" if v >= 0 else f"n{i}" for i, v in enumerate(trained)]
     assert memory_ari(run_dir) == pytest.approx(adjusted_rand_score(answers, clusters))
+
+
+def test_the_printed_report_shows_the_question_and_gold_answer(run_dir, tmp_path):
+    first = inspect_run(run_dir, output=tmp_path)["prompts"][0]["prompt"]
+    result = CliRunner().invoke(app, ["cluster-inspect", str(run_dir), "--prompt", first, "--output", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"prompt {first}: " in result.output and "gold answer: " in result.output

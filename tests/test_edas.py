@@ -14,7 +14,7 @@ from algorithms.edas import (
     equal_shift_to_total,
     error_classes,
     error_entropy_terms,
-    magnitude_clip,
+    kappa_clip,
     sign_keeping_clip,
     warmup_factor,
 )
@@ -97,13 +97,13 @@ def test_diverse_deltas_are_zero_sum_before_clipping():
         assert case == "diverse" and sum(delta) == pytest.approx(0.0, abs=1e-9)
 
 
-def test_magnitude_clip_by_hand():
-    # edas.clip: magnitude (the rule before issue 38), |change| <= |A| / kappa in both directions:
+def test_kappa_clip_by_hand():
+    # edas.clip: kappa (the authors' rule, the default), |change| <= |A| / kappa in both directions:
     # A = -1, Delta = -0.3: |Delta| < |A|/2 = 0.5 -> -1.3, not clipped
     # A = -0.1, Delta = +0.3: limit 0.05 -> -0.05, clipped (a rare error is never rewarded)
     # A = -0.4, Delta = -0.5: limit 0.2 -> -0.6, clipped
     # A = 0 (a group with no spread): limit 0 -> unchanged
-    new, clipped = magnitude_clip(torch.tensor([-1.0, -0.1, -0.4, 0.0]), torch.tensor([-0.3, 0.3, -0.5, 0.2]), 2.0)
+    new, clipped = kappa_clip(torch.tensor([-1.0, -0.1, -0.4, 0.0]), torch.tensor([-0.3, 0.3, -0.5, 0.2]), 2.0)
     assert new.tolist() == pytest.approx([-1.3, -0.05, -0.6, 0.0])
     assert clipped.tolist() == [False, True, True, True]
 
@@ -140,7 +140,7 @@ def test_sign_clip_keeps_the_wrong_subset_zero_sum_when_it_binds():
     # (3 * 0.030709 = 0.092126: zero-sum).
     # sign: b would go to -0.1 + 0.092126 = -0.007874, past its bound -0.1 / 2 = -0.05: held at -0.05;
     # the a's absorb the rest so the sum stays -3.1: each a = (-3.1 + 0.05) / 3 = -1.016667.
-    # magnitude: b -> -0.05 (limit 0.05), a -> -1.0307085 each: sum -0.05 - 3.0921255 = -3.1421255, not zero-sum.
+    # kappa: b -> -0.05 (limit 0.05), a -> -1.0307085 each: sum -0.05 - 3.0921255 = -3.1421255, not zero-sum.
     adv = torch.tensor([-0.1, -1.0, -1.0, -1.0])
     wrong_rows = torch.ones(4, dtype=torch.bool)
     labels = ["b", "a", "a", "a"]
@@ -148,9 +148,9 @@ def test_sign_clip_keeps_the_wrong_subset_zero_sum_when_it_binds():
     assert sign.tolist() == pytest.approx([-0.05, -1.016667, -1.016667, -1.016667], abs=1e-6)
     assert sign.sum().item() == pytest.approx(-3.1, abs=1e-6)
     assert facts["clipped"].tolist() == [True, False, False, False]
-    magnitude, _ = edas_advantages(adv, wrong_rows, labels, 4, 0.2, 0.2, 2.0, "magnitude")
-    assert magnitude.tolist() == pytest.approx([-0.05, -1.030709, -1.030709, -1.030709], abs=1e-6)
-    assert magnitude.sum().item() == pytest.approx(-3.1421255, abs=1e-6)
+    kappa, _ = edas_advantages(adv, wrong_rows, labels, 4, 0.2, 0.2, 2.0, "kappa")
+    assert kappa.tolist() == pytest.approx([-0.05, -1.030709, -1.030709, -1.030709], abs=1e-6)
+    assert kappa.sum().item() == pytest.approx(-3.1421255, abs=1e-6)
 
 
 def test_sign_clip_properties_on_random_groups():
@@ -175,12 +175,12 @@ def test_sign_clip_properties_on_random_groups():
             assert new.tolist() == pytest.approx((adv + torch.tensor(delta, dtype=torch.float64)).tolist())
 
 
-def test_magnitude_clip_never_flips_a_sign():
+def test_kappa_clip_never_flips_a_sign():
     gen = torch.Generator().manual_seed(0)
     for kappa in (1.01, 2.0, 5.0):
         adv = torch.randn(1000, generator=gen) * 2
         delta = torch.randn(1000, generator=gen) * 10  # far larger than the advantages
-        new, _ = magnitude_clip(adv, delta, kappa)
+        new, _ = kappa_clip(adv, delta, kappa)
         assert torch.equal(torch.sign(new), torch.sign(adv))
 
 
@@ -189,23 +189,25 @@ def test_paper_numbers_single_class_uniform_shift():
     # on every wrong response). A = [1.2, -0.1, -0.9, -0.8], wrong = [F, T, T, T], one error class,
     # defaults beta 0.2, kappa 2: S = (0.1 + 0.9 + 0.8) / 3 = 0.6, Delta = -0.2 * 0.6 = -0.12 each:
     # -0.22, -1.02, -0.92. The correct response (1.2) is untouched. A negative shift on a negative
-    # advantage cannot reverse its sign, so the paper's clip never binds; the magnitude clip cut the
-    # second to -0.1 - 0.1 / 2 = -0.15.
+    # advantage cannot reverse its sign, so the sign clip never binds; the kappa clip (the authors',
+    # the default since issue 54, so `sign` is named here) cuts the second to -0.1 - 0.1 / 2 = -0.15.
     adv = torch.tensor([1.2, -0.1, -0.9, -0.8])
     is_wrong = torch.tensor([False, True, True, True])
     labels = [None, "x", "x", "x"]
-    new, facts = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0)  # clip: sign, the default
+    new, facts = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0, "sign")
     assert new.tolist() == pytest.approx([1.2, -0.22, -1.02, -0.92])
     assert facts["cases"] == ["single"] and not facts["clipped"].any()
-    old, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0, "magnitude")
-    assert old.tolist() == pytest.approx([1.2, -0.15, -1.02, -0.92])
+    default, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0)
+    assert default.tolist() == pytest.approx([1.2, -0.15, -1.02, -0.92])
+    old_name, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0, "magnitude")
+    assert old_name.tolist() == default.tolist()
     # K = 1, beta 1.5, A = -0.5 for both of two wrong responses: S = 0.5, Delta = -1.5 * 0.5 = -0.75
-    # -> -1.25 (the magnitude clip stopped at -0.5 - 0.5 / 2 = -0.75)
+    # -> -1.25 under the sign clip (the kappa clip, the default, stops at -0.5 - 0.5 / 2 = -0.75)
     two = torch.tensor([-0.5, -0.5])
     both = torch.ones(2, dtype=torch.bool)
-    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0)[0].tolist() == pytest.approx([-1.25, -1.25])
-    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0, "magnitude")[0].tolist() == pytest.approx(
-        [-0.75, -0.75])
+    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0, "sign")[0].tolist() == pytest.approx(
+        [-1.25, -1.25])
+    assert edas_advantages(two, both, ["x", "x"], 2, 0.2, 1.5, 2.0)[0].tolist() == pytest.approx([-0.75, -0.75])
 
 
 def test_all_wrong_penalty_reaches_the_broken_record_only():
@@ -234,6 +236,52 @@ def test_warmup_factor():
     # linear over 4 steps: 1/4, 2/4, ..., then 1; no warm-up: 1
     assert [warmup_factor(s, 4) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
     assert warmup_factor(1, 0) == 1.0
+
+
+def test_warmup_start_delays_the_ramp_by_step():
+    # warmup_start 3, warmup_steps 2: steps 1-3 shape nothing, step 4 half, step 5 on full
+    assert [warmup_factor(s, 2, 3) for s in range(1, 7)] == [0.0, 0.0, 0.0, 0.5, 1.0, 1.0]
+    # a delay with no ramp: full strength from the first step after it
+    assert [warmup_factor(s, 0, 2) for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
+
+
+def test_clips_differ_at_alpha_3_with_binary_rewards():
+    # Four wrong responses, all A = -1 (binary rewards: every wrong response has the same A), classes
+    # a a a b, alpha 3, kappa 2. S = 1, I_a = ln(4/3) = 0.287682, I_b = ln 4 = 1.386294,
+    # H = 0.75 I_a + 0.25 I_b = 0.562335; (I - H) / ln 4 = -0.198120 (a), +0.594361 (b);
+    # Delta_a = 3 * -0.198120 = -0.594361, Delta_b = +1.783083.
+    # kappa (the authors'): every change at most |A| / 2 = 0.5: a -> -1.5, b -> -0.5 (sum -5, not -4).
+    # sign: b (+0.783083) is held at its bound A / 2 = -0.5; the a's absorb the rest to keep the sum -4:
+    # each a = (-4 + 0.5) / 3 = -1.166667.
+    adv = torch.full((4,), -1.0)
+    every = torch.ones(4, dtype=torch.bool)
+    labels = ["a", "a", "a", "b"]
+    kappa, facts = edas_advantages(adv, every, labels, 4, 3.0, 0.2, 2.0)
+    assert kappa.tolist() == pytest.approx([-1.5, -1.5, -1.5, -0.5], abs=1e-6)
+    assert facts["clipped"].tolist() == [True, True, True, True]
+    assert facts["delta"].tolist() == pytest.approx([-0.594361, -0.594361, -0.594361, 1.783083], abs=1e-6)
+    sign, _ = edas_advantages(adv, every, labels, 4, 3.0, 0.2, 2.0, "sign")
+    assert sign.tolist() == pytest.approx([-1.166667, -1.166667, -1.166667, -0.5], abs=1e-6)
+    # at alpha 0.5 no change reaches |A| / 2 (|I - H| <= ln N_w), and the two agree
+    low_kappa, _ = edas_advantages(adv, every, labels, 4, 0.5, 0.2, 2.0)
+    low_sign, _ = edas_advantages(adv, every, labels, 4, 0.5, 0.2, 2.0, "sign")
+    assert low_kappa.tolist() == pytest.approx(low_sign.tolist())
+
+
+def test_clips_differ_with_partial_credit():
+    # GRPO on rewards 1, 0.4, 0.4, 0 (the two 0.4s wrong with partial credit, one answer; the 0 wrong
+    # with the same answer): mean 0.45, unbiased std sqrt(0.51 / 3) = 0.412311, A = 1.333946,
+    # -0.121268, -0.121268, -1.091410. K = 1: S = (0.121268 * 2 + 1.091410) / 3 = 0.444649,
+    # Delta = -0.2 S = -0.088930 on each wrong response.
+    # sign: away from zero is free -> -0.210198, -0.210198, -1.180340.
+    # kappa: the small advantages move at most 0.121268 / 2 = 0.060634 -> -0.181902; -1.091410 moves freely.
+    adv = torch.tensor([1.333946, -0.121268, -0.121268, -1.091410])
+    is_wrong = torch.tensor([False, True, True, True])
+    labels = [None, "x", "x", "x"]
+    kappa, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0)
+    assert kappa.tolist() == pytest.approx([1.333946, -0.181902, -0.181902, -1.180340], abs=1e-6)
+    sign, _ = edas_advantages(adv, is_wrong, labels, 4, 0.2, 0.2, 2.0, "sign")
+    assert sign.tolist() == pytest.approx([1.333946, -0.210198, -0.210198, -1.180340], abs=1e-6)
 
 
 # ---------------------------------------------------------------- error classes
@@ -291,6 +339,20 @@ def test_edas_single_class_with_warmup_and_resume():
     b = edas("algo.base=grpo", "edas.warmup_steps=2")
     b.load_state_dict(a.state_dict())
     assert b.steps_done == 1
+
+
+def test_edas_warmup_start_shapes_nothing_until_its_step():
+    # The batch above (A = 1.5, -0.5 x3, S = 0.5), warmup_start 1, warmup_steps 2: step 1 is the
+    # base's advantages, step 2 half of beta (-0.55), step 3 the full beta (-0.6)
+    a = edas("algo.base=grpo", "edas.warmup_start=1", "edas.warmup_steps=2")
+    r = batch([right(), wrong("4"), wrong("4"), wrong("4")], 4)
+    r.reward_components = a.reward_components(r)
+    r.rewards = sum(r.reward_components.values())
+    expected = {1: -0.5, 2: -0.55, 3: -0.6}
+    for step, value in expected.items():
+        assert a.compute_advantages(r).tolist() == pytest.approx([1.5] + [value] * 3, abs=1e-5), step
+        assert a.step_metrics(r)["edas/warmup_factor"] == {1: 0.0, 2: 0.5, 3: 1.0}[step]
+        a.on_step_end(r, step)
 
 
 def test_all_wrong_penalty_keeps_broken_records_through_dapos_filter():
@@ -368,6 +430,23 @@ def test_one_real_step_on_smollm2(tmp_path):
     # GRPO base: the step always updates (DAPO could drop every group of a weak model)
     row = Trainer(cfg, tmp_path).train_step()
     assert math.isfinite(row["loss"]) and "edas/case_few_share" in row
+
+
+def test_paper_config_loads_with_the_authors_recipe():
+    from meds_cli.engine.config import load_config
+
+    cfg = load_config([str(Path(__file__).resolve().parent.parent / "configs" / "edas_paper.yaml")])
+    edas_cfg = cfg.section("edas")
+    assert cfg.algo.name == "edas" and cfg.algo.base == "dapo"
+    assert (edas_cfg.alpha, edas_cfg.beta, edas_cfg.kappa, edas_cfg.clip) == (0.4, 0.3, 2.0, "kappa")
+    assert cfg.rollout.group_size == 10 and cfg.rollout.prompts_per_step == 256
+    assert cfg.rollout.max_new_tokens == 8192 and cfg.rollout.temperature == 1.0
+    assert cfg.optim.lr == 1e-6
+    # the recipe's mini-batch of 64 counts prompts (verl's ppo_mini_batch_size); this trainer counts responses
+    assert cfg.train.mini_batch_size == 64 * cfg.rollout.group_size
+    grpo = load_config([str(Path(__file__).resolve().parent.parent / "configs" / "edas_paper.yaml")],
+                       ["algo.base=grpo", "edas.beta=0.2"])
+    assert grpo.algo.base == "grpo" and grpo.section("edas").beta == 0.2
 
 
 def test_example_config_loads():

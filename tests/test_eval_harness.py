@@ -236,6 +236,8 @@ def test_real_math_grader_through_the_harness(tmp_path):
     samples = read_samples(tmp_path)
     assert [r["correct"] for r in samples] == [True, False, True, True]
     assert samples[0]["extracted"] == "2" and samples[2]["gold"] == "\\frac{1}{2}"
+    # the question once per problem's draw (issue 54): on its first row, not repeated n times
+    assert [r.get("question") for r in samples] == ["1+1", None, "half", None]
     assert outcome.scores["m"]["pass@k"]["1"] == pytest.approx(0.75)
 
 

@@ -75,9 +75,15 @@ def test_the_adapter_names_its_base(lora_run, tmp_path):
     run_dir, _, _ = lora_run
     result = export_run(run_dir, tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    # tiny-llama has no hub id: its weights sit in the folder, which is what the adapter names
-    assert config["base_model_name_or_path"] == result.base == str((tmp_path / "adapter").resolve())
+    # tiny-llama has no hub id: its weights sit in the folder, which the adapter names relatively
+    # (issue 54: an absolute path broke when the folder moved)
+    assert config["base_model_name_or_path"] == result.base == "."
     assert config["r"] == 8
+    moved = tmp_path / "elsewhere" / "adapter"
+    moved.parent.mkdir()
+    (tmp_path / "adapter").rename(moved)
+    model, tokenizer = _load(moved)
+    assert _max_difference(_logits(model, tokenizer), lora_run[1]) < 1e-4
 
 
 def test_a_full_weight_run_exports_and_loads(tmp_path):
@@ -211,6 +217,8 @@ def test_an_adapter_card_names_its_hub_base_and_tells_vllm_users_what_to_do():
     assert "LoRARequest" in card and "--merge" in card
     assert "alpha: 0.1" in card and "clip_high: 0.28" in card
     assert "No evaluation in the run folder yet" in card and "| reward | 0.5 |" in card
+    front = card.split("---")[1]
+    assert front.count("- meds\n") == 1 and "- reinforcement-learning" in front  # one tag per name
 
 
 def test_the_export_command(lora_run, tmp_path, monkeypatch):
@@ -223,6 +231,14 @@ def test_the_export_command(lora_run, tmp_path, monkeypatch):
     result = runner.invoke(app, ["export", run_dir, "--output", str(tmp_path / "m"), "--merge"])
     assert result.exit_code == 0, result.output
     assert "exported step 2" in result.output and (tmp_path / "m" / "config.json").is_file()
+    # the libraries' warnings while exporting go to the run folder's log, not the terminal
+    import warnings
+
+    from meds_cli.core.library_warnings import LibraryWarnings
+
+    assert isinstance(warnings.showwarning, LibraryWarnings)
+    assert warnings.showwarning.path == lora_run[0] / "library_warnings.log"
+    assert "FutureWarning" not in result.output
 
     def one_line(args, expected):
         result = runner.invoke(app, args)

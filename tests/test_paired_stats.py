@@ -99,5 +99,12 @@ def test_paired_difference_and_verdicts():
     assert flat["delta"] == 0.0
     assert "no difference at this size (could detect" in ps.verdict_line("A", "B", "pass@1", flat)
     assert ps.verdict_word(-0.2, -0.1, "A", "B") == "B higher"
+    # no spread at all (every pair equal): said so, not "95% CI [+0.000, +0.000] ... could detect 0.000"
+    same = ps.paired_difference([[1.0, 0.0, 0.5], [1.0, 1.0, 0.0]], [[1.0, 0.0, 0.5], [1.0, 1.0, 0.0]],
+                                resamples=200, seed=0)
+    line = ps.verdict_line("A", "B", "pass@1", same)
+    assert line == ("A - B pass@1 +0.000: identical on every problem (6 problem pairs over 2 seeds); no spread to "
+                    "test a difference with")
+    assert not flat["identical"] and same["identical"]
     with pytest.raises(ValueError):
         ps.paired_difference([[1.0]], [[1.0, 0.0]])

@@ -38,6 +38,7 @@ from pathlib import Path
 from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
+from meds_cli.core.markup import plain
 from meds_cli.core.names import safe_component
 from meds_cli.core.read_back import read_json, require
 from meds_cli.engine.config import load_config, read_yaml
@@ -266,39 +267,43 @@ def claim_folder(plan: Plan) -> None:
     replace_text(path, json.dumps({"variants": mine, "base": base}, indent=2) + "\n")  # whole or not at all
 
 
-def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None) -> dict:
+def run_ablation(plan: Plan, eval_settings, *, console, quiet: bool = False, argv=(), launch=None,
+                 eval_length: int | None = None) -> dict:
     """Train and evaluate every variant not finished yet, where `launch` says (this process by
-    default; N processes; a Slurm job array), then write the report from the task folders."""
+    default; N processes; a Slurm job array), then write the report from the task folders.
+    `eval_length`: --max-new-tokens of the evals (None: each variant's own)."""
     from meds_cli.commands.ablate_eval import variant_settings
     from meds_cli.commands.ablate_launch import LaunchOptions, array_script
     from meds_cli.engine.run_folders.run_lock import FolderLock
 
     launch = launch or LaunchOptions()
-    variant_settings(eval_settings, 1)  # a bad --k / --benchmarks fails before the first variant trains
+    variant_settings(eval_settings, eval_length or 1)  # a bad --k / --benchmarks fails before the first variant trains
     launch.check()  # a bad launcher setting too, before anything is written or submitted
     if launch.launcher == "slurm":
         array_script(plan, launch.slurm)  # every value of the script checked before anything is written
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {plain(note)}", highlight=False, soft_wrap=True)
     plan.folder.mkdir(parents=True, exist_ok=True)
     with FolderLock(plan.folder, "ablation folder", "two ablations in one folder would train and evaluate its "
                     "tasks twice at once"):
-        return _run_claimed(plan, eval_settings, launch, console=console, quiet=quiet, argv=argv)
+        return _run_claimed(plan, eval_settings, launch, console=console, quiet=quiet, argv=argv,
+                            eval_length=eval_length)
 
 
-def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, argv) -> dict:
+def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, argv, eval_length=None) -> dict:
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.commands.ablate_launch import make_launcher, report, wait_with_progress
     from meds_cli.commands.ablate_task import clear_error, make_task, run_task, write_tasks
 
     claim_folder(plan)
-    write_tasks(plan, eval_settings, variant_sets)
-    console.print(f"ablation folder: [bold]{plan.folder}[/]  variants: {len(plan.variants)}  steps: {plan.steps}")
+    write_tasks(plan, eval_settings, variant_sets, eval_length)
+    console.print(f"ablation folder: [bold]{plain(plan.folder)}[/]  variants: {len(plan.variants)}  "
+                  f"steps: {plan.steps}", soft_wrap=True)
     pending, headers = [], {}
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
         if results_path(run_dir, eval_settings, plan.steps).is_file():
-            console.print(f"[{i}/{len(plan.variants)}] {variant.name}: finished, skipped")
+            console.print(f"[{i}/{len(plan.variants)}] {plain(variant.name)}: finished, skipped")
             continue
         clear_error(run_dir)
         pending.append(make_task(run_dir))
@@ -315,12 +320,13 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
             console.print(launcher.submit(pending), highlight=False, soft_wrap=True)
         if not launch.wait:
             console.print(f"not waiting; the report, once they end (or now, of what has ended): "
-                          f"meds ablate --collect {plan.folder}", highlight=False, soft_wrap=True)
+                          f"meds ablate --collect {plain(plan.folder)}", highlight=False, soft_wrap=True)
             return {"folder": str(plan.folder), "submitted": [t.name for t in pending]}
         wait_with_progress(launcher, console, quiet)
     except KeyboardInterrupt:
         launcher.stop()
-        console.print(f"[yellow]stopped[/]; run the same command with --output {plan.folder} to continue")
+        console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue",
+                      soft_wrap=True)
         raise
     return report(plan.folder, plan.variants, eval_settings, console)
 
@@ -366,14 +372,18 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     from rich.table import Table
 
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]note:[/] {plain(note)}", highlight=False, soft_wrap=True)
     table = Table(title=f"meds ablate --dry-run: {len(plan.variants)} variants, {plan.steps} steps each "
-                        f"-> {plan.folder}",
+                        f"-> {plain(plan.folder)}",
                   title_justify="left")
-    table.add_column("variant")
-    table.add_column("overrides")
-    for v in plan.variants:
-        table.add_row(v.name, " ".join(f"{key}={value}" for key, value in v.overrides.items()))
+    from meds_cli.commands.ablate_report import setup_text
+    from meds_cli.engine.config import load_config
+
+    table.add_column("variant", no_wrap=True)
+    table.add_column("setup (base and key settings)")
+    for v in plan.variants:  # each arm's resolved config: what the report's setup column will say
+        cfg = load_config(plan.config_files, plan.base_sets + variant_sets(v))
+        table.add_row(plain(v.name), plain(setup_text(cfg, v.overrides)))
     console.print(table)
     seconds = total = None
     if not probe:
@@ -383,6 +393,6 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
             seconds = probe_step_seconds(plan)
         total = seconds * plan.steps * len(plan.variants)
         console.print(f"one step of the base config took {seconds:.2f} s; training estimate: {seconds:.2f} s x "
-                      f"{plan.steps} steps x {len(plan.variants)} variants = {_duration(total)} "
+                      f"{plan.steps} steps x {len(plan.variants)} variants = {plain(_duration(total))} "
                       "(plus model loading and evaluation; semantic features add an embedding model)")
     return {"variants": [v.name for v in plan.variants], "step_seconds": seconds, "estimate_seconds": total}

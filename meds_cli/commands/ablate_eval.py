@@ -43,18 +43,24 @@ def results_path(run_dir: Path, settings: EvalSettings, steps: int) -> Path:
     return Path(run_dir) / "eval" / folder / "results.json"
 
 
-def evaluate_variant(run_dir: Path, eval_settings: EvalSettings, console=None) -> dict:
+# the option of `meds ablate` that sets its evals' length, named in the truncation advice
+LENGTH_OPTION = "meds ablate --max-new-tokens"
+
+
+def evaluate_variant(run_dir: Path, eval_settings: EvalSettings, console=None,
+                     max_new_tokens: int | None = None) -> dict:
     """Evaluate the run's last checkpoint with `meds eval`'s loop; returns the results document
-    (also on disk, at results_path)."""
+    (also on disk, at results_path). `max_new_tokens`: `meds ablate --max-new-tokens`, the length
+    of every variant's eval; None: the variant's own (below)."""
     from meds_cli.commands.eval import run_eval
     from meds_cli.engine.config import load_config
 
     cfg = load_config([str(Path(run_dir) / "config.yaml")])
     # The held-out split at the length `meds eval RUN` gives it (a toy task's training limit can cut
     # most answers short: every arm would then score its truncations); benchmarks at the run's own.
-    length = (heldout_max_new_tokens(cfg.task.name, cfg.rollout.max_new_tokens) if is_heldout(eval_settings)
-              else cfg.rollout.max_new_tokens)
+    length = max_new_tokens or (heldout_max_new_tokens(cfg.task.name, cfg.rollout.max_new_tokens)
+                                if is_heldout(eval_settings) else cfg.rollout.max_new_tokens)
     settings = variant_settings(eval_settings, length)
     output = results_path(run_dir, settings, cfg.train.steps).parent if is_heldout(settings) else None
     return run_eval(run_dir=Path(run_dir), model=None, step=None, settings=settings, output=output, quiet=True,
-                    console=console)
+                    console=console, length_option=LENGTH_OPTION)

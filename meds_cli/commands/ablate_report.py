@@ -31,6 +31,7 @@ from benchmarks.paired_compare import markdown as paired_markdown
 from benchmarks.passk import mean_pass_at_k
 from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.core.jsonl import read_rows
+from meds_cli.core.markup import plain
 from meds_cli.core.read_back import numbers_of, probability, read_json, require
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.run_folders import run_dir as runs
@@ -194,15 +195,20 @@ def _cell(mean, std, digits: int = 3) -> str:
 
 
 def arm_setup(run_dir: Path, overrides: dict) -> str:
-    """What an arm runs, from its config.yaml: the algorithm, the base it sits on when it composes
-    (`outcome-ucb on grpo`), its key settings (the class's `key_settings`) and the variant's own
-    overrides, so that a table shows an arm on GRPO beside one on DAPO."""
-    from algorithms import ALGORITHMS
+    """What an arm runs, from its config.yaml (setup_text); '-' before the folder has one."""
     from meds_cli.engine.config import load_config
 
     if not (run_dir / "config.yaml").is_file():
         return "-"
-    cfg = load_config([str(run_dir / "config.yaml")])
+    return setup_text(load_config([str(run_dir / "config.yaml")]), overrides)
+
+
+def setup_text(cfg, overrides: dict) -> str:
+    """What an arm runs: the algorithm, the base it sits on when it composes (`outcome-ucb on
+    grpo`), its key settings (the class's `key_settings`) and the variant's own overrides, so that
+    a table (the report's, the dry run's) shows an arm on GRPO beside one on DAPO."""
+    from algorithms import ALGORITHMS
+
     cls = ALGORITHMS.get(cfg.algo.name)
     own = cls.key_settings(cfg.algorithms[cfg.algo.name])
     settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
@@ -275,15 +281,30 @@ def _save(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     _pyplot().close(fig)
 
 
+def arm_colours(variants) -> dict[str, str]:
+    """One colour per variant group, the same in every panel and plot: a group that did not log a
+    curve (the baseline's clusters) must not shift the others' colours."""
+    return {group: f"C{i % 10}" for i, group in enumerate(dict.fromkeys(v.group for v in variants))}
+
+
+def integer_steps(ax) -> None:
+    """Steps are whole numbers: no 1.5 on the x axis of a short run."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _draw_step_curves(ax, variants, results: dict[str, dict], curve: str) -> None:
     """The curve of every variant group on `ax`: mean over seeds, a band of one std; a group that
     did not log it (the baseline's clusters) is left out."""
+    colours = arm_colours(variants)
     for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
         if not steps:
             continue
-        ax.plot(steps, mean, marker="o", markersize=2, label=group)
+        ax.plot(steps, mean, marker="o", markersize=2, label=group, color=colours[group])
         if std.any():
-            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+            ax.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colours[group])
+    integer_steps(ax)
 
 
 def plot_reward_curves(variants, results: dict[str, dict], path: Path) -> None:
@@ -311,9 +332,10 @@ def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> Non
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
     """pass@k against k (log scale), mean over seeds with error bars of one std."""
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
+    colours = arm_colours(variants)
     for group, (ks, mean, std) in curves_over_seeds(variants, results, "pass_at_k_curve").items():
         if ks:
-            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group)
+            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, color=colours[group])
     ax.set_xscale("log", base=2)
     _save(fig, ax, path, "k", "pass@k", "pass@k per variant (mean over seeds, bars: one std)")
 
@@ -359,7 +381,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     unfinished = unfinished or {}
     missing = unfinished_lines(unfinished)
     if missing:
-        console.print(f"[yellow]{len(missing)} of {len(variants) + len(missing)} tasks not finished[/]:")
+        console.print(f"[yellow]{len(missing)} of {plain(len(variants) + len(missing))} tasks not finished[/]:")
         for line in missing:
             console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     if not variants:
@@ -369,7 +391,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     warnings: list[str] = []
     results = {v.name: variant_result(folder / v.name, paths[v.name], warnings) for v in variants}
     for line in warnings:
-        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {plain(line)}", highlight=False, soft_wrap=True)
     rows = aggregate(variants, results)
     setups = {v.group: arm_setup(folder / v.name, v.overrides) for v in variants}
     for row in rows:
@@ -404,9 +426,10 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     from rich.console import Console
 
     out = Console()  # the result goes to stdout, progress to stderr
-    print_table(rich_table(rows, k, f"ablation {folder}"), console=out)
+    print_table(rich_table(rows, k, f"ablation {plain(folder)}"), console=out)
     for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
-                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}")
+                  f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}",
+                  markup=False, highlight=False, soft_wrap=True)
     return summary

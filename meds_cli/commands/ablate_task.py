@@ -18,13 +18,14 @@ from pathlib import Path
 from benchmarks.harness import EvalSettings
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
+from meds_cli.core.markup import plain
 from meds_cli.core.names import child
 from meds_cli.core.read_back import damaged, read_json, require
 from meds_cli.engine.config import dump_yaml, load_config
 from meds_cli.engine.launchers.tasks import Task
 from meds_cli.engine.run_folders import run_dir as runs
 
-TASKS_FILE = "tasks.json"
+TASKS_FILE = runs.ABLATION_FILE
 ERROR_FILE = "task_error.txt"
 LOGS = ("slurm-*.out", "task.log")
 PREPARED = ("config.yaml", ERROR_FILE, *LOGS)  # what a task folder holds before its run starts
@@ -36,12 +37,13 @@ def task_command(folder: Path) -> list[str]:
     return [sys.executable, "-m", "meds_cli", "ablate-task", str(Path(folder).resolve())]
 
 
-def write_tasks(plan, eval_settings: EvalSettings, variant_sets) -> None:
+def write_tasks(plan, eval_settings: EvalSettings, variant_sets, eval_length: int | None = None) -> None:
     """tasks.json, and the resolved config of every task not started yet (a started one keeps its
-    own); variant_sets(variant): the variant's overrides as --set strings."""
+    own); variant_sets(variant): the variant's overrides as --set strings; eval_length: `meds
+    ablate --max-new-tokens` (None: each variant's own length)."""
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
-    record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings),
+    record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings), "eval_max_new_tokens": eval_length,
               "variants": [dataclasses.asdict(v) for v in plan.variants]}
     replace_text(plan.folder / TASKS_FILE, json.dumps(record, indent=2) + "\n")
     for variant in plan.variants:
@@ -65,6 +67,9 @@ def read_tasks(folder: Path) -> dict:
     require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0, path,
             f"has steps = {steps!r}, not a number of steps")
     require(isinstance(settings, dict), path, f"has eval = {settings!r}, not the eval settings")
+    length = record.get("eval_max_new_tokens")
+    require(length is None or (isinstance(length, int) and not isinstance(length, bool) and length >= 1), path,
+            f"has eval_max_new_tokens = {length!r}, not a number of tokens")
     require(isinstance(variants, list) and bool(variants), path, "has no list of variants")
     for item in variants:
         seed = item.get("seed") if isinstance(item, dict) else None
@@ -150,7 +155,7 @@ def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
         return
     if done or (folder / "command.txt").is_file():  # started before: resume (a run with no checkpoint restarts)
         if done:
-            console.print(f"[bold]{folder.name}[/]: resuming from step {done[-1]}")
+            console.print(f"[bold]{plain(folder.name)}[/]: resuming from step {plain(done[-1])}")
         code = run_training([], [], {}, resume=folder, argv=argv, quiet=quiet)
     else:
         code = run_training([str(folder / "config.yaml")], [f"train.output_dir={json.dumps(str(folder))}"], {},
@@ -173,7 +178,7 @@ def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     try:
         check_config(folder, variant["name"], variant["overrides"])
         train_task(folder, record["steps"], console, quiet, list(argv))
-        evaluate_variant(folder, eval_settings_of(record), console)
+        evaluate_variant(folder, eval_settings_of(record), console, record.get("eval_max_new_tokens"))
     except Exception as error:
         text = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
         replace_text(folder / ERROR_FILE, (last_line(text) or type(error).__name__) + "\n")

@@ -23,6 +23,7 @@ import numpy as np
 from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import output_folder, replace_figure
+from meds_cli.core.markup import plain
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoints import refuse_pickled
 from meds_cli.engine.run_folders.state_codec import load_state
@@ -153,9 +154,18 @@ def plot_projection(analysis: dict, path: Path) -> None:
                  f"{analysis['clusters']} clusters (grey = noise), x wrong, o correct")
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
-    legend = ax.legend(loc="best")
+    legend = ax.legend(loc="upper left", title="marker", fontsize="small")
     for handle in legend.legend_handles:  # the marker, not a cluster's colour, tells wrong from correct
         handle.set_color("black")
+    ax.add_artist(legend)
+    from matplotlib.lines import Line2D
+
+    # a second legend for the colours: which cluster each is (grey: noise)
+    shown = sorted(set(labels.tolist()), key=lambda v: (v < 0, v))
+    clusters = [Line2D([], [], linestyle="", marker="s", color=colour, label="noise" if value < 0 else f"C{value}")
+                for value, colour in zip(shown, _colours(np.array(shown, dtype=int)))]
+    if clusters:
+        ax.legend(handles=clusters, loc="lower right", title="cluster", fontsize="small")
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -201,6 +211,9 @@ def plot_steps(series: dict, path: Path) -> None:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
         ax.set_ylabel(key.split("/")[-1])
         ax.set_title(title, fontsize=10)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     save_figure(fig, path)
@@ -214,6 +227,31 @@ def save_figure(fig, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the command
+
+
+def prompt_problem(run_dir: Path, prompt_id: str) -> dict:
+    """The question and gold answer of a remembered prompt: from the run's logged samples
+    (RUN/samples/step_N.jsonl) where one shows it, else from the run's task built as training built
+    it; None for each where neither can say (the task's data not at hand here)."""
+    from meds_cli.core.jsonl import read_rows
+
+    for path in sorted((run_dir / "samples").glob("step_*.jsonl"), reverse=True):
+        for row in read_rows(path, []):
+            if str(row.get("problem_id")) == prompt_id:
+                return {"question": row.get("prompt"), "gold": row.get("gold")}
+    try:
+        from benchmarks import load_all
+        from benchmarks.tasks import build_task
+        from meds_cli.engine.config import load_config
+
+        load_all()
+        cfg = load_config([str(run_dir / "config.yaml")])
+        found = next((p for p in build_task(cfg.task, cfg.train.seed).train if str(p.id) == prompt_id), None)
+    except (UserError, OSError, ValueError):  # data on the hub while offline, a moved file: say nothing
+        found = None
+    if found is None:
+        return {"question": None, "gold": None}
+    return {"question": found.question, "gold": found.answer if isinstance(found.answer, (str, int, float)) else None}
 
 
 def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | None = None,
@@ -252,7 +290,7 @@ def inspect_run(run_path: str | Path, *, step: int | None = None, prompt: str | 
                      "shuffled": isinstance(settings.clusterer, ShuffledLabels)},
         "prompts": [public(a) for a in analyses.values()],
         "ari_answers_mean": float(np.mean(aris)) if aris else None,
-        "prompt": {**public(chosen), "clusters_detail": chosen["clusters_detail"]},
+        "prompt": {**public(chosen), **prompt_problem(run_dir, prompt), "clusters_detail": chosen["clusters_detail"]},
         "steps": series,
         "plots": {k: str(v) for k, v in plots.items()},
     }
@@ -263,7 +301,8 @@ def print_report(report: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"MEDS memory of {report['run']} at step {report['checkpoint_step']}", title_justify="left")
+    table = Table(title=f"MEDS memory of {plain(report['run'])} at step {plain(report['checkpoint_step'])}",
+                  title_justify="left")
     # short headers: the table has to fit a terminal; the JSON keys spell them out
     for name in ["prompt", "entries", "wrong", "correct", "clusters", "max wrong C", "noise", "train C", "ARI"]:
         table.add_column(name, justify="left" if name == "prompt" else "right")
@@ -276,9 +315,12 @@ def print_report(report: dict, console=None) -> None:
     mean = report["ari_answers_mean"]
     console.print("max wrong C: wrong members of the largest cluster; train C: wrong clusters as training saw them; "
                   "ARI: adjusted Rand index of clusters vs final answers")
-    console.print(f"mean ARI of clusters vs final answers: {'-' if mean is None else f'{mean:.3f}'}")
+    console.print(f"mean ARI of clusters vs final answers: {plain('-' if mean is None else f'{mean:.3f}')}")
     chosen = report["prompt"]
-    detail = Table(title=f"prompt {chosen['prompt']}: clusters", title_justify="left")
+    if chosen.get("question") is not None:  # what the clusters answered, and what was right
+        console.print(f"prompt {chosen['prompt']}: {chosen['question']}\ngold answer: {chosen.get('gold')}",
+                      markup=False, highlight=False, soft_wrap=True)
+    detail = Table(title=f"prompt {plain(chosen['prompt'])}: clusters", title_justify="left")
     for name in ["cluster", "size", "share wrong", "most common answers", "samples"]:
         detail.add_column(name, overflow="fold")
     for c in chosen["clusters_detail"]:
@@ -288,7 +330,7 @@ def print_report(report: dict, console=None) -> None:
                        answers, samples)
     console.print(detail)
     for name, path in report["plots"].items():
-        console.print(f"{name}: {path}")
+        console.print(f"{plain(name)}: {plain(path)}")
 
 
 def cluster_inspect(run_path, *, step=None, prompt=None, output=None, as_json=False) -> None:

@@ -25,9 +25,10 @@ from benchmarks.generation import GenerationSettings
 from benchmarks.harness import SHORT_RESPONSE_TOKENS, EvalSettings, check_state, evaluate, load_benchmarks
 from meds_cli.core.errors import UserError
 from meds_cli.core.library_warnings import route_library_warnings
+from meds_cli.core.markup import plain
 from meds_cli.core.report_console import print_table
 from meds_cli.engine.config import load_config
-from meds_cli.engine.model_io.model import check_dtype, has_chat_template, precheck_model
+from meds_cli.engine.model_io.model import canonical_model_name, check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
 from meds_cli.engine.rollout.eval_backends import ModelSpec
 from meds_cli.engine.run_folders import run_dir as runs
@@ -217,8 +218,9 @@ def prompt_warning(document: dict, share: float = 0.5) -> str | None:
 
 def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, settings: EvalSettings,
              output: Path | None, dtype: str | None = None, quiet: bool = False,
-             console: Console | None = None) -> dict:
-    """Evaluate and write the outputs; returns the results document."""
+             console: Console | None = None, length_option: str = "--max-new-tokens") -> dict:
+    """Evaluate and write the outputs; returns the results document. `length_option`: the option
+    that sets the response length in the command running this eval, for the truncation advice."""
     library_warnings = route_library_warnings()  # to the output folder's log, not between the lines below
     console = console or Console(stderr=True, soft_wrap=True)  # paths in messages stay copyable
     if run_dir is not None and model is not None:
@@ -229,7 +231,7 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         except UserError:
             raise UserError("nothing to evaluate: no run folder under 'runs'; give a run folder (meds eval RUN_DIR) "
                             "or --model NAME") from None
-        console.print(f"no run folder or --model given: evaluating the newest run, [bold]{run_dir}[/]")
+        console.print(f"no run folder or --model given: evaluating the newest run, [bold]{plain(run_dir)}[/]")
     if step is not None and run_dir is None:
         raise UserError("--step picks a checkpoint of a run; it needs a run folder, not --model")
     check_dtype(dtype, "--dtype")
@@ -237,10 +239,14 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     settings.backend = backend_name
 
     def note(text: str) -> None:
-        console.print(f"[yellow]note:[/] {text}")
+        console.print(f"[yellow]note:[/] {plain(text)}")
 
+    if run_dir is None:  # a bad --model fails here, before an output folder is made or a model loads
+        model, said = canonical_model_name(model)
+        if said:
+            note(said)
     spec = model_for_run(run_dir, step, dtype, note) if run_dir is not None else ModelSpec(model, None, dtype)
-    precheck_model(spec.name)  # a bad --model fails here, before an output folder is made
+    precheck_model(spec.name)
     settings.model = spec.label
     run_cfg = load_config([str(Path(run_dir) / "config.yaml")]) if run_dir is not None else None
     task = run_cfg.task if run_cfg is not None else None
@@ -250,8 +256,8 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
         settings.max_new_tokens)
     settings.validate()
     if asked is None:
-        console.print(f"benchmarks: {', '.join(settings.benchmarks)} at up to {settings.max_new_tokens} tokens "
-                      f"({chosen_because}; --benchmarks and --max-new-tokens choose others)")
+        console.print(f"benchmarks: {plain(', '.join(settings.benchmarks))} at up to {settings.max_new_tokens} tokens "
+                      f"({plain(chosen_because)}; --benchmarks and --max-new-tokens choose others)")
     settings.prompt, why = choose_prompt(settings.prompt, task.prompt_style if task else None,
                                          task is None and settings.prompt == "auto" and has_chat_template(model))
     if task is not None:  # the run's own prompt: its system prompt and template arguments too
@@ -265,11 +271,12 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size)
     check_state(folder, settings)  # refuse mismatched samples before the model takes its time to load
     library_warnings.log_to(folder)  # written once the eval has made the folder
-    with console.status(f"loading {spec.label} ({backend_name}) ..."):
+    with console.status(f"loading {plain(spec.label)} ({plain(backend_name)}) ..."):
         backend = make_backend(backend_name, spec, generation)
-    console.print(f"eval of [bold]{spec.label}[/] on {', '.join(settings.benchmarks)}: n={settings.samples} "
-                  f"k<={settings.k}  prompt: {settings.prompt} ({why})  output: [bold]{folder}[/]")
-    console.print(work_line(suites, settings))
+    console.print(f"eval of [bold]{plain(spec.label)}[/] on {plain(', '.join(settings.benchmarks))}: "
+                  f"n={settings.samples} "
+                  f"k<={settings.k}  prompt: {plain(settings.prompt)} ({plain(why)})  output: [bold]{plain(folder)}[/]")
+    console.print(work_line(suites, settings), markup=False, highlight=False, soft_wrap=True)
     progress = Progress(TextColumn("[bold]eval"), TextColumn("{task.fields[label]}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("samples"), TimeElapsedColumn(), EtaColumn(),
                         console=console, disable=quiet)
@@ -280,24 +287,24 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
                 check_state(folder, settings)  # again, under the lock: what another eval may have written since
                 outcome = evaluate(backend, settings, folder, _Bar(progress), suites)
         except KeyboardInterrupt:
-            console.print(f"[yellow]stopped[/]; the samples drawn so far are in {folder / 'samples.jsonl'}: "
-                          f"run the same command with --output {folder} to continue")
+            console.print(f"[yellow]stopped[/]; the samples drawn so far are in {plain(folder / 'samples.jsonl')}: "
+                          f"run the same command with --output {plain(folder)} to continue")
             raise
         outcome.timing["load_s"] += load_s
         outcome.timing["total_s"] += load_s
         document = results_document(spec, settings, outcome, backend_name)
-        warnings = [line for line in (prompt_warning(document), truncation_warning(document)) if line]
+        warnings = [line for line in (prompt_warning(document), truncation_warning(document, length_option)) if line]
         if warnings:
             document["warnings"] = warnings
         write_results(folder, document)
         library_warnings.flush()
         plot_pass_at_k([(spec.label, document)], folder / PLOT_FILE)
         print_table(score_table(document))
-        console.print(truncation_line(document), highlight=False)
+        console.print(truncation_line(document), markup=False, highlight=False, soft_wrap=True)
         for warning in warnings:
-            console.print(f"[yellow]warning:[/] {warning}")
-        console.print(f"results: {folder / 'results.json'}  samples: {outcome.samples_path}  "
-                      f"plot: {folder / PLOT_FILE}")
+            console.print(f"[yellow]warning:[/] {plain(warning)}")
+        console.print(f"results: {plain(folder / 'results.json')}  samples: {plain(outcome.samples_path)}  "
+                      f"plot: {plain(folder / PLOT_FILE)}")
     return document
 
 

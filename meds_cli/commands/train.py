@@ -19,8 +19,16 @@ from rich.table import Table
 from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
 from meds_cli.core.library_warnings import route_library_warnings
-from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
-from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
+from meds_cli.core.markup import plain
+from meds_cli.engine.config import RolloutConfig, RunConfig, dump_yaml, load_config, parse_override, read_yaml
+from meds_cli.engine.model_io.model import (
+    EMBEDDED,
+    TINY,
+    canonical_model_name,
+    check_lora_rank,
+    hub_lookup_note,
+    precheck_model,
+)
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
@@ -89,6 +97,26 @@ def refuse_real_model_on_default_task(cfg: RunConfig, chosen: bool) -> None:
                     "see `meds list`)")
 
 
+DEMO_TASKS = ("arithmetic", "copy")  # the toy tasks the embedded demo's sampling settings are sized for
+DEMO_SAMPLING = ("prompts_per_step", "group_size", "max_new_tokens")
+
+
+def demo_sampling_warning(cfg: RunConfig) -> str | None:
+    """A real model on a real task with the embedded demo's sampling settings (RolloutConfig's
+    defaults, sized for a 135M model on toy arithmetic on a CPU): 64 new tokens cut nearly every
+    MATH solution short. The warning names the settings and the config that fits; no guessing of
+    other values (task-aware defaults would make one --set mean different things per task)."""
+    if cfg.model.name in (EMBEDDED, TINY) or cfg.task.name in DEMO_TASKS:
+        return None
+    demo = RolloutConfig()
+    if any(getattr(cfg.rollout, key) != getattr(demo, key) for key in DEMO_SAMPLING):
+        return None
+    settings = ", ".join(f"rollout.{key}={getattr(demo, key)}" for key in DEMO_SAMPLING)
+    return (f"{cfg.model.name} on task '{cfg.task.name}' with the embedded demo's sampling settings ({settings}, "
+            f"sized for the toy tasks on a CPU); for the paper's math setting use -c configs/meds_paper.yaml "
+            f"(512 prompts x 16 responses, up to 3072 tokens), or set these three with --set")
+
+
 def task_description(cfg: RunConfig) -> str:
     """The task's one-line description, with the data it reads where it reads a file or dataset, or
     the generator and its settings (reasoning-gym)."""
@@ -137,14 +165,18 @@ def sampling_lines(cfg: RunConfig, rounds: int) -> list[str]:
     return lines + [f"tokens: {most}, plus the prompts; the update reads them all again"]
 
 
-def check_before_loading(plan: RunPlan, config_files, overrides, shortcuts) -> None:
+def check_before_loading(plan: RunPlan, config_files, overrides, shortcuts) -> list[str]:
     """What can be checked of the model without its weights, before the run folder is touched
-    (a dry run, a run here, a run submitted to Slurm): the LoRA rank against the model's width,
-    and a real model on the default task of a new run."""
+    (a dry run, a run here, a run submitted to Slurm): the model's name (a near miss refused, an
+    alias in another case taken), the LoRA rank against the model's width, and a real model on
+    the default task of a new run. Returns the lines to say about it ("note: ...", "warning: ...")."""
     cfg = plan.cfg
+    cfg.model.name, said = canonical_model_name(cfg.model.name)
     check_lora_rank(cfg.model.lora, precheck_model(cfg.model.name), cfg.model.name)
     if not plan.resuming:
         refuse_real_model_on_default_task(cfg, task_was_chosen(config_files, overrides, shortcuts))
+    warning = None if plan.resuming else demo_sampling_warning(cfg)
+    return [f"note: {said}"] * bool(said) + [f"warning: {warning}"] * bool(warning)
 
 
 def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, console: Console) -> dict:
@@ -157,12 +189,14 @@ def dry_run(config_files, overrides, shortcuts, *, resume=None, step=None, conso
 
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
     cfg = plan.cfg
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    notes = check_before_loading(plan, config_files, overrides, shortcuts)
     algorithm = build_algorithm(cfg)  # checks the algorithm's settings; builds no model
     Console(soft_wrap=True).print(yaml.safe_dump(to_dict(cfg, algorithm.config_sections), sort_keys=False),
                                   markup=False, highlight=False)
     where = f"continues {plan.run_dir}" if plan.resuming else f"would create {plan.run_dir}"
-    lines = [f"run folder: {where}",
+    notes += [f"note: {line}" for line in [hub_lookup_note(cfg.model.name)] if line]
+    lines = [*notes,
+             f"run folder: {where}",
              f"model: {cfg.model.name}, {model_size(cfg.model.name)}",
              f"algorithm: {cfg.algo.name}; task: {cfg.task.name} ({task_description(cfg)}); steps: {cfg.train.steps}",
              *sampling_lines(cfg, algorithm.generation_rounds()),
@@ -178,7 +212,7 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     do not make it a used folder)."""
     route_library_warnings()  # library warnings go to the run folder's log (_train names it), not the terminal
     plan = prepare_run(config_files, overrides, shortcuts, resume, step)
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    notes = check_before_loading(plan, config_files, overrides, shortcuts)
     from meds_cli.engine.run_folders.trackers import accelerator_kwargs
     from meds_cli.engine.training.sharding import close_process_group, make_accelerator
 
@@ -188,6 +222,8 @@ def run_training(config_files, overrides, shortcuts, *, resume=None, step=None, 
     accelerator = make_accelerator(plan.cfg.train, **accelerator_kwargs(plan.cfg.train.report_to, plan.run_dir))
     main = accelerator.is_main_process
     console = Console(stderr=True, quiet=not main, soft_wrap=True)  # paths in messages stay copyable
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
     run_dir = plan.run_dir
     created = not run_dir.exists()
     lock = RunLock(run_dir)  # held by the main process for the whole run
@@ -216,23 +252,25 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     cfg, run_dir, main = plan.cfg, plan.run_dir, accelerator.is_main_process
     checkpoint = None
     if plan.resuming:
-        checkpoint = find_usable_checkpoint(run_dir, step, say=lambda text: console.print(f"[yellow]note:[/] {text}"))
+        checkpoint = find_usable_checkpoint(run_dir, step,
+                                            say=lambda text: console.print(f"[yellow]note:[/] {plain(text)}"))
     # What was chosen shows while the model loads (a status line, so that an error in loading stays one line);
     # the run folder line after loading repeats it.
-    with console.status(f"loading {cfg.model.name} to train with {cfg.algo.name} on task '{cfg.task.name}' "
-                        f"({task_description(cfg)}) ..."):
+    with console.status(f"loading {plain(cfg.model.name)} to train with {plain(cfg.algo.name)} on task "
+                        f"'{plain(cfg.task.name)}' ({plain(task_description(cfg))}) ..."):
         trainer = Trainer(cfg, run_dir, accelerator=accelerator)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)
-        console.print(f"resumed [bold]{run_dir}[/] at step {trainer.step}")
+        console.print(f"resumed [bold]{plain(run_dir)}[/] at step {trainer.step}")
     elif plan.resuming:
         # Killed before its first checkpoint: nothing to restore, so the run starts over.
         if main:
             trainer.metrics.truncate_after(0)
-        console.print(f"{run_dir} has no checkpoint yet: starting it over from step 0")
+        console.print(f"{plain(run_dir)} has no checkpoint yet: starting it over from step 0")
     if plan.resuming and main:
         if plan.changes:
-            console.print(f"changed settings, applied from step {trainer.step}: {describe_changes(plan.changes)}")
+            console.print(f"changed settings, applied from step {trainer.step}: "
+                          f"{plain(describe_changes(plan.changes))}")
         record_resume(run_dir, trainer.step, checkpoint, plan.changes)
     if main:
         # The folder is not part of the snapshot, so `--config config.yaml` repeats the run in a new folder.
@@ -243,8 +281,9 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
         if not plan.resuming:
             runs.write_provenance(run_dir, list(argv))
     route_library_warnings().log_to(run_dir)  # the run has started: its folder keeps them
-    console.print(f"run folder: [bold]{run_dir}[/]  algorithm: {cfg.algo.name}  model: {cfg.model.name}  "
-                  f"task: {cfg.task.name}")
+    console.print(f"run folder: [bold]{plain(run_dir)}[/]  algorithm: {plain(cfg.algo.name)}  "
+                  f"model: {plain(cfg.model.name)}  task: {plain(cfg.task.name)}  {plain(engine_text(cfg))}",
+                  soft_wrap=True)
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
         return 0
@@ -265,19 +304,29 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     except KeyboardInterrupt:
         steps = runs.list_checkpoints(run_dir)
         where = f"checkpoint at step {steps[-1]}" if steps else "no checkpoint yet"
-        console.print(f"[yellow]stopped[/] at step {trainer.step} ({where}); "
-                      f"continue with: meds train --resume {run_dir}")
+        console.print(f"[yellow]stopped[/] at step {trainer.step} ({plain(where)}); "
+                      f"continue with: meds train --resume {plain(run_dir)}")
         return 130
     if main:
-        print_summary(console, run_dir, runs.metrics_rows(run_dir))
+        print_summary(console, run_dir, runs.metrics_rows(run_dir), engine_text(cfg))
     return 0
 
 
-def print_summary(console: Console, run_dir: Path, rows: list[dict]) -> None:
+def engine_text(cfg: RunConfig) -> str:
+    """'engine: hf', or with an engine that runs apart from the trainer its staleness too
+    ('engine: hf-worker, staleness k=1'): what the samples of the run came from."""
+    engine = cfg.rollout.engine
+    return f"engine: {engine}" + (f", staleness k={cfg.rollout.max_staleness}" if engine != "hf" else "")
+
+
+def print_summary(console: Console, run_dir: Path, rows: list[dict], setup: str = "") -> None:
     if not rows:
         return
     first, last = rows[0], rows[-1]
-    table = Table(title=f"{run_dir.name}: step {first['step']} -> {last['step']}", title_justify="left")
+    # the heading on a line of its own: as a table title rich would wrap it to the table's width
+    console.print(f"{run_dir.name}: step {first['step']} -> {last['step']}" + (f" ({setup})" if setup else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("first", justify="right")
     table.add_column("last", justify="right")
@@ -287,4 +336,4 @@ def print_summary(console: Console, run_dir: Path, rows: list[dict]) -> None:
             delta = last[key] - first[key]
             table.add_row(key, f"{first[key]:.4g}", f"{last[key]:.4g}", f"{delta:+.4g}")
     console.print(table)
-    console.print(f"metrics: {run_dir / 'metrics.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")
+    console.print(f"metrics: {plain(run_dir / 'metrics.jsonl')}   checkpoints: {plain(run_dir / 'checkpoints')}")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.markup import plain
 from meds_cli.engine.config import dump_yaml
 from meds_cli.engine.launchers.slurm_settings import SlurmSettings, check_before_submit, check_settings, sbatch_submit
 from meds_cli.engine.launchers.slurm_train import SCRIPT, render_train_script
@@ -59,7 +60,8 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
         check_before_submit(settings, gpus_per_node)  # check_settings, then the cluster
     plan = prepare_run(config_files, overrides, shortcuts, None)
     cfg, run_dir = plan.cfg, plan.run_dir.resolve()
-    check_before_loading(plan, config_files, overrides, shortcuts)
+    for note in check_before_loading(plan, config_files, overrides, shortcuts):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     check_server_nodes(cfg, nodes, server_nodes)
     sections = build_algorithm(cfg).config_sections
     server = server_node(cfg, gpus_per_node) if server_nodes else None
@@ -67,7 +69,7 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
                                  settings=settings, python=sys.executable, workdir=Path.cwd(), server=server)
     if dry_run:
         print(script, end="")
-        console.print(f"dry run: would create {run_dir} and submit the script above; nothing was created",
+        console.print(f"dry run: would create {plain(run_dir)} and submit the script above; nothing was created",
                       highlight=False, soft_wrap=True)
         return {"run_dir": str(run_dir), "script": script}
     existed = run_dir.exists()
@@ -84,5 +86,5 @@ def submit_training(config_files, overrides, shortcuts, *, nodes: int, gpus_per_
         f"{nodes} node(s) x {per_node} processes"
     console.print(f"submitted Slurm job {job}: {shape}, run folder {run_dir}\n"
                   f"follow it: squeue -j {job}; tail -f {run_dir}/slurm-{job}.out (sacct -j {job} where accounting "
-                  "is on)", highlight=False, soft_wrap=True)
+                  "is on)", markup=False, highlight=False, soft_wrap=True)
     return {"run_dir": str(run_dir), "job": job}

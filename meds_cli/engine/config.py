@@ -286,6 +286,12 @@ FIXED_SECTIONS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "al
 
 
 def _type_name(tp) -> str:
+    """A type in words: 'int', 'a list of int', 'str or a list of int'."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(option) for option in typing.get_args(tp) if option is not type(None))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 
@@ -303,7 +309,12 @@ def _coerce(value: Any, tp, key: str):
                 return _coerce(value, option, key)
             except UserError:
                 pass
-        raise UserError(f"config key '{key}' has value {value!r}; expected {tp}")
+        lists = [typing.get_args(option)[0] for option in options if typing.get_origin(option) is list]
+        if isinstance(value, list) and lists:  # a list was meant: say which item is wrong
+            bad = next(i for i, item in enumerate(value) if not _fits(item, lists[0], key))
+            raise UserError(f"config key '{key}' has value {value!r}: item {bad} ({value[bad]!r}) is not "
+                            f"{_type_name(lists[0])}; expected {_type_name(tp)}")
+        raise UserError(f"config key '{key}' has value {value!r}; expected {_type_name(tp)}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -323,6 +334,14 @@ def _coerce(value: Any, tp, key: str):
     if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
         return value
     raise UserError(f"config key '{key}' has value {value!r}; expected {_type_name(tp)}")
+
+
+def _fits(value: Any, tp, key: str) -> bool:
+    try:
+        _coerce(value, tp, key)
+    except UserError:
+        return False
+    return True
 
 
 def build(cls, data: dict | None, prefix: str = ""):
@@ -346,7 +365,13 @@ def build(cls, data: dict | None, prefix: str = ""):
         options = fields[name].metadata.get("choices")
         if options and isinstance(value, bool) and "true" in options:  # a choice spelled true / false
             value = "true" if value else "false"
-        value = _coerce(value, tp, key)
+        try:
+            value = _coerce(value, tp, key)
+        except UserError as error:  # what the key means says which values make sense
+            meaning = fields[name].metadata.get("help")
+            if not meaning:
+                raise
+            raise UserError(f"{error}; {key}: {meaning}") from None
         if options and value not in options:
             raise UserError(f"config key '{key}' has value {value!r}{nearest(value, options)}; "
                             f"accepted: {', '.join(options)}")

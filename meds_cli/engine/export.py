@@ -8,7 +8,8 @@ weight). What is written:
   - a LoRA run without --merge: the peft adapter, its base named in adapter_config.json
     (base_model_name_or_path: the hub id, or the user's own model folder). A base that nobody can
     download by name (tiny-llama, the embedded SmolLM2, a .gguf file) is written beside the
-    adapter, so that from_pretrained on the folder finds both;
+    adapter and named "." (the folder itself, wherever it moves), so that from_pretrained on the
+    folder finds both;
 plus the tokenizer with its chat template and a model card (README.md). The folder is written
 under a temporary name and renamed at the end, so a failed export leaves nothing half-written.
 """
@@ -29,6 +30,8 @@ from meds_cli.engine.model_io.model import EMBEDDED, TINY, load_model_and_tokeni
 from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
 from meds_cli.engine.run_folders import run_dir as runs
 
+# base_model_name_or_path of an adapter whose base is written beside it, in the same folder
+SAME_FOLDER = "."
 REPO_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*/)?[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -130,7 +133,9 @@ def export_run(run_dir, output, *, step: int | None = None, merge: bool = False)
             else:
                 kind = "adapter" if (hub_id or own_folder) else "adapter+base"
                 model.save_pretrained(staging)  # adapter_config.json + adapter_model.safetensors
-                base_named = hub_id or own_folder or str(output.resolve())
+                # the base beside the adapter is the folder itself, named relatively so that the folder
+                # can move: transformers loads a folder with a config.json as the base without reading this
+                base_named = hub_id or own_folder or SAME_FOLDER
                 _name_base(staging, base_named)
                 if kind == "adapter+base":
                     # The bare base beside the adapter: from_pretrained on a folder with both a

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.tasks import PromptSampler
+from meds_cli.core.markup import plain
 from meds_cli.engine.config import to_dict
 from meds_cli.engine.rollout.batch import sample_requests, sample_rollouts, sampling_settings
 from meds_cli.engine.rollout.in_flight import read_in_flight, save_in_flight, trained_shapes
@@ -151,8 +152,8 @@ class Trainer:
     def train(self, on_step=None) -> list[dict]:
         """Run to cfg.train.steps; a first Ctrl-C finishes the step, checkpoints and stops."""
         rows = []
-        self._say(self.precision)
-        self._say(self.layout)
+        self._say(plain(self.precision))
+        self._say(plain(self.layout))
         previous = signal.getsignal(signal.SIGINT)
         if self.acc.is_main_process and hasattr(signal, "SIGINT"):
             signal.signal(signal.SIGINT, self._request_stop)
@@ -290,7 +291,7 @@ class Trainer:
             hint = self.algorithm.short_batch_hint()
             self._say(f"[yellow]warning:[/] only {groups} of {quota} groups per process had a reward spread after "
                       f"{info['generation_rounds']} sampling rounds; training on what was kept"
-                      + (f" ({hint})" if hint else ""))
+                      + (f" ({plain(hint)})" if hint else ""))
 
     # ------------------------------------------------------------ update, eval
 

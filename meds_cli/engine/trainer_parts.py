@@ -50,11 +50,13 @@ def lr_lambda(warmup: int, total: int, schedule: str):
 
 
 def say(acc, text: str) -> None:
-    """A line for the user, from the main process only."""
+    """A line for the user (rich markup; dynamic parts through core.markup.plain), from the main
+    process only. soft_wrap: in a log (no terminal) rich would break the line at 80 columns,
+    mid-path; a terminal wraps it itself."""
     if acc.is_main_process:
         from rich.console import Console
 
-        Console(stderr=True).print(text)
+        Console(stderr=True).print(text, soft_wrap=True, highlight=False)
 
 
 def precision_reason(setting: str, acc, given_accelerator) -> str:

@@ -106,8 +106,44 @@ def _dequantize(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def canonical_model_name(name: str) -> tuple[str, str | None]:
+    """(the --model value to use, a line for the user or None), decided without loading anything:
+    a built-in name, an alias, a local path or a hub id is itself; a built-in name, alias or
+    alias's hub id written in another case is taken (and said); a near miss of a built-in name or
+    alias, with no '/' in it, is refused with the closest."""
+    aliases = model_aliases()
+    if name in (TINY, EMBEDDED) or name in aliases:
+        return name, None
+    path = Path(name).expanduser()
+    if name.endswith(".gguf") or path.exists():
+        return name, None
+    if name.startswith((".", "/", "~")):
+        raise UserError(f"model path '{name}' does not exist")
+    names = [EMBEDDED, TINY, *aliases]
+    by_case = {known.casefold(): known for known in [*names, *aliases.values()]}
+    if name.casefold() in by_case and by_case[name.casefold()] != name:
+        known = by_case[name.casefold()]
+        return known, f"--model '{name}' taken as '{known}' (model names are matched ignoring case)"
+    if "/" not in name:
+        hint = nearest(name, names)
+        if hint:
+            raise UserError(f"unknown model '{name}'{hint}; give a name from `meds list`, a local model folder, a "
+                            ".gguf file or a model-hub id (org/name)")
+    return name, None
+
+
+def hub_lookup_note(name: str) -> str | None:
+    """For a (canonical) --model value that is neither a built-in name, an alias nor a local path:
+    the line saying it will be looked up on the model hub; None for the others."""
+    if name in (TINY, EMBEDDED, *model_aliases()) or name.endswith(".gguf") or Path(name).expanduser().exists():
+        return None
+    return (f"--model '{name}' is neither a name from `meds list` nor a local folder: it will be looked up on the "
+            "model hub (or its local cache) when the model loads")
+
+
 def resolve_model(name: str) -> str:
     """Where to load `name` from: a local directory or a hub id."""
+    name = canonical_model_name(name)[0]
     if name == EMBEDDED:
         return str(dequantized_copy(embedded_gguf()))
     precheck_model(name)
@@ -201,6 +237,7 @@ def has_chat_template(name: str) -> bool:
 def load_model_and_tokenizer(name: str, dtype: str = "float32"):
     """(model, tokenizer) for any accepted --model value; offline hub misses end in one clear line."""
     check_dtype(dtype, "model.dtype")
+    name = canonical_model_name(name)[0]
     if name == TINY:
         from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 
@@ -221,9 +258,9 @@ def load_model_and_tokenizer(name: str, dtype: str = "float32"):
             raise UserError(f"could not load the model in '{source}': {first_line}") from None
         if not isinstance(err, OSError):
             raise
-        aliased = f" (alias of '{source}')" if source != name else ""
+        aliased = f" ('{source}' on the hub)" if source != name else ""
         raise UserError(
-            f"could not load model '{name}'{aliased} from the dataset hub or its local cache "
+            f"could not load model '{name}'{aliased} from the model hub or its local cache "
             f"(no network here?); download it elsewhere and pass its folder: --model /path/to/model"
         ) from None
     return model, tokenizer

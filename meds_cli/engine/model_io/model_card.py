@@ -91,7 +91,8 @@ def model_card(info: CardInfo) -> str:
     sections = [algo_name] + ([algo.get("base")] if algo.get("base") and algo.get("base") in config else [])
     algo_config = {name: config[name] for name in sections if name in config}
     library = "transformers" if info.kind in ("merged", "full") else "peft"
-    front = {"library_name": library, "tags": ["meds", "reinforcement-learning", algo_name]}
+    # one tag per name: the algorithm may be called meds itself
+    front = {"library_name": library, "tags": list(dict.fromkeys(["meds", "reinforcement-learning", algo_name]))}
     if info.hub_id:
         front["base_model"] = info.hub_id
     task = config.get("task", {})

@@ -22,6 +22,7 @@ worker the same push, and `rollout.worker.cores` is dealt out among them (`cores
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
@@ -190,6 +191,7 @@ class HFWorkerEngine:
         if message[0] != "ready":
             raise RuntimeError(f"the rollout worker said {message!r} before it was ready")
         model_path.unlink(missing_ok=True)
+        self.scratch_dir = scratch_dir
 
     # ------------------------------------------------------------ SeparateEngine
 
@@ -231,6 +233,8 @@ class HFWorkerEngine:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
+        with contextlib.suppress(OSError):  # made for the model file only: no empty scratch/ left in the run
+            self.scratch_dir.rmdir()  # (only when empty: another engine's files stay)
 
     # ------------------------------------------------------------ internals
 

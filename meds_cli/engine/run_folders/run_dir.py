@@ -159,10 +159,21 @@ def find_checkpoint(run_dir: Path, step: int | None = None, say=lambda text: Non
     return require_checkpoint(run_dir, step, say=say)
 
 
+# The file `meds ablate` writes at the top of an ablation folder (its plan); its runs are the folders in it.
+ABLATION_FILE = "tasks.json"
+
+
 def resolve_run_dir(path: str) -> Path:
     run_dir = Path(path)
     if not run_dir.is_dir():
         raise UserError(f"'{path}' is not a run folder (no such folder)")
+    if (run_dir / ABLATION_FILE).is_file() and not (run_dir / "config.yaml").is_file():
+        runs = sorted(p.name for p in run_dir.iterdir() if (p / "config.yaml").is_file())
+        shown = ", ".join(runs[:4]) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+        example = f" ({run_dir / runs[0]})" if runs else ""
+        raise UserError(f"'{path}' is an ablation folder (meds ablate), not a run folder; its runs are the folders "
+                        f"in it ({shown or 'none yet'}): give one of them{example}; `meds ablate --collect {path}` "
+                        "reports them all side by side, evaluated as the ablation ran them")
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"'{path}' is not a run folder (no config.yaml in it); a run killed while its model was "
                         f"loading holds no run yet: start it again with --output {path}")

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from algorithms.policy_loss import agg_loss
+from meds_cli.core.markup import plain
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.training import micro_batches, sharding
 from meds_cli.engine.training.importance import is_correction_weights
@@ -91,7 +92,7 @@ def prepare_policy(acc, model, train_cfg, optim_cfg, say: Callable[[str], None])
         enable_gradient_checkpointing(model)
     warning = low_precision_training_warning(model.parameters())
     if warning:
-        say(f"[yellow]warning:[/] {warning}")
+        say(f"[yellow]warning:[/] {plain(warning)}")
 
     def adamw(module):
         params = [p for p in module.parameters() if p.requires_grad]
