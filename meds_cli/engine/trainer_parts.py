@@ -19,6 +19,7 @@ import torch
 from benchmarks.tasks import PromptSampler, build_task
 from meds_cli.core.errors import UserError
 from meds_cli.core.forward import decoder_layers
+from meds_cli.core.markup import plain
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
 from meds_cli.engine.rollout.engines import make_engine
 from meds_cli.engine.rollout.training_processes import TrainingProcesses
@@ -157,7 +158,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     probe, not_measured = diversity_probe(cfg.train.diversity_layers, len(decoder_layers(unwrapped)), records_lens,
                                           forward_needs.lens)
     if not_measured:
-        say(acc, f"[yellow]note:[/] {not_measured}")
+        say(acc, f"[yellow]note:[/] {plain(not_measured)}")
     scoring = scoring_pass(forward_needs.view, uses_reference=algorithm.uses_reference,
                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
                            setting=cfg.train.scoring_pass,
