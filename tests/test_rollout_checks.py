@@ -31,6 +31,7 @@ from meds_cli.engine.rollout.pipeline import JobResult, RolloutEngineGone
 from meds_cli.engine.rollout.rollout_check import Limits, RolloutRefused, check_samples, sample_fault
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
 from meds_cli.engine.rollout.vllm_server import VLLMServerEngine, url_problem
+from meds_cli.engine.run_folders.checkpoint_store import write_manifest
 from tests.conftest import TINY_COPY
 from tests.fake_vllm_server import FAULTS, FakeVLLMServer, rule_tokens
 
@@ -428,3 +429,39 @@ def test_the_hf_worker_closes_and_the_process_exits_with_many_jobs_queued(tmp_pa
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "closed in" in done.stdout and took < 60, (took, done.stdout)
+
+
+# ---------------------------------------------------------------- records of the sampling in flight, at resume
+
+
+def _same_seed_twice(record):
+    request = record["jobs"][0]["requests"][0]
+    request["seeds"][1] = request["seeds"][0]
+
+
+def _other_seeds(record):
+    request = record["jobs"][0]["requests"][0]
+    request["seeds"] = [seed + 1 for seed in request["seeds"]]
+
+
+@pytest.mark.parametrize("tamper, says", [
+    (_same_seed_twice, "has a job for step 2 with seed"),
+    (_other_seeds, "has a job for step 2 whose prompts or seeds are not those step 2 draws"),
+    (lambda r: r["jobs"].append(r["jobs"][0]), "has two jobs for step 2"),
+])
+def test_a_tampered_in_flight_record_is_refused_at_resume_in_one_line(fake, tmp_path, tamper, says):
+    result, run = train(tmp_path, "rollout.engine=vllm-server", f"rollout.server.url={fake.url}",
+                        "rollout.max_staleness=1")
+    assert result.exit_code == 0, result.output
+    path = run / "checkpoints/step_1/in_flight_0.json"
+    record = json.loads(path.read_text())
+    tamper(record)
+    path.write_text(json.dumps(record))
+    write_manifest(path.parent, step=1)  # as one who edits a checkpoint would: its manifest agrees
+    sent = len(fake.completions)
+    result = CliRunner().invoke(app, ["train", "--resume", str(run), "--step", "1", "-q"])
+    line = error_line(result)
+    assert str(path) in line and says in line and "Resume from another checkpoint" in line, line
+    assert len(fake.completions) == sent  # nothing sampled from it, so nothing trained on it
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # the run as it was

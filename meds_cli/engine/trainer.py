@@ -335,8 +335,6 @@ class Trainer:
         state = self._training_state()
         checkpoints.load_checkpoint(self.acc, state, path, self.cfg.optim)
         self.step, self.sampler.position = state.step, state.sampler_position
-        if self.acc.is_main_process:
-            self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
         pipeline = self.pipeline
         if pipeline is not None:
@@ -347,6 +345,8 @@ class Trainer:
                                            vocab_size=model.get_input_embeddings().num_embeddings,
                                            planned=lambda at: self._planned_requests(at, at - self.step - 1))
                 pipeline.resubmit(*(in_flight or ([], None)), sampling_settings(self.cfg.rollout, self.tokenizer))
+        if self.acc.is_main_process:  # last: a checkpoint refused above leaves the metrics as they were
+            self.metrics.truncate_after(self.step)
 
 
 def staleness_metrics(sampled, version: int) -> dict[str, float]:
