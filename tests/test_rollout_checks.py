@@ -465,3 +465,24 @@ def test_a_tampered_in_flight_record_is_refused_at_resume_in_one_line(fake, tmp_
     assert len(fake.completions) == sent  # nothing sampled from it, so nothing trained on it
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]  # the run as it was
+
+
+def test_with_several_training_processes_every_process_ends_when_one_refuses_its_samples():
+    """The check runs inside the pipeline's agreement: a process whose own samples are fine ends
+    in one line too when another process's were refused (its `any` says so), instead of waiting
+    in the next collective."""
+    from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
+    from meds_cli.engine.rollout.batch import sample_rollouts
+    from meds_cli.engine.rollout.pipeline import RolloutPipeline
+    from meds_cli.engine.rollout.training_processes import TrainingProcesses
+
+    _, tokenizer = tiny_model_and_tokenizer()
+    settings = SamplingSettings(1.0, 1.0, 3, (1,))
+    agreements = []  # the other process: its engine answered (1st agreement), its samples were refused (2nd)
+    other_refused = lambda failed: agreements.append(failed) or len(agreements) >= 2  # noqa: E731
+    healthy = RolloutPipeline(BadWorker(None), processes=TrainingProcesses(1, 2, any=other_refused))
+    with pytest.raises(RolloutEngineGone, match="the rollout engine of another training process failed"):
+        sample_rollouts(healthy, tokenizer, ["ab"], [None], 2, settings)
+    assert agreements == [False, False]  # this process's own samples passed
+    alone = RolloutPipeline(BadWorker(None))
+    assert sample_rollouts(alone, tokenizer, ["ab"], [None], 2, settings).size == 2

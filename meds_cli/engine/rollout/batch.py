@@ -45,8 +45,11 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
     seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
     requests = sample_requests(tokenizer, prompts, seeds)
     samples = engine.generate(requests, settings)
-    check_samples(getattr(engine, "name", type(engine).__name__), requests, samples, settings,
-                  len(tokenizer) if vocab_size is None else vocab_size, getattr(engine, "newest_version", None))
+    # an engine apart agrees on the outcome over the training processes: every process ends in one line
+    agreed = getattr(engine, "agreed", lambda work: work())
+    agreed(lambda: check_samples(getattr(engine, "name", type(engine).__name__), requests, samples, settings,
+                                 len(tokenizer) if vocab_size is None else vocab_size,
+                                 getattr(engine, "newest_version", None)))
     return rollouts_from_samples(tokenizer, [r.prompt_ids for r in requests], samples, problems, group_size,
                                  settings.stop_ids)
 

@@ -340,6 +340,11 @@ class RolloutPipeline:
         used = {p.job.version for p in self.pending} | {self.pushed}
         self.kept = {v: w for v, w in self.kept.items() if v in used}
 
+    def agreed(self, work):
+        """work() (a check of what the engine returned: rollout_check.py) on every process, each
+        ending in one line where any process's failed."""
+        return self._agreed(work)
+
     def _agreed(self, work):
         """work() on every process, then one agreement on whether any process's engine failed:
         every process ends in one line (its own, or that another process's engine failed)."""

@@ -31,6 +31,10 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
 Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
 adapter loaded before it, and records that version. A server that stops answering, or answers a
 route with an error, ends the run in one line naming it (and its log where meds started it).
+What a server sends is a stranger's input: each request has one deadline for all of it
+(`request_timeout_s`, not per read), an answer cut off, not JSON or without the route's fields is
+one line with the URL and the route, and each sample is checked (rollout_check.py) as it
+arrives, so that `retries` can send that request again.
 
 Several training processes (training_processes.py) each send their own share of the requests;
 process 0 alone saves and loads each version's adapter (once), the others name it in their later
@@ -258,7 +262,7 @@ def call(url: str, route: str, body: dict | None = None, timeout_s: float = 60.0
             raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
         raise AnswerError(f"an answer cut off after {len(err.partial)} bytes"
                           + (f" of {len(err.partial) + err.expected}" if err.expected else "")) from None
-    except (OSError, http.client.HTTPException) as err:
+    except (OSError, http.client.HTTPException, ValueError) as err:  # ValueError: a chunk size that is not hex
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
         if isinstance(err, OSError):
