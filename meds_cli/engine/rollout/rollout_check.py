@@ -68,12 +68,12 @@ def sample_fault(sample: Sample, limits: Limits) -> str | None:
                        None)
             if bad is not None:  # else a sum of huge finite values overflowed: nothing wrong
                 return f"log-prob {bad[1]!r} at position {bad[0]}, not a finite number <= 0"
+    # Logit-lens values come from the trainer's own model (the hf engine records them): their count
+    # is checked, not their size (a probe layer's raw logits may overflow a 16-bit type, as in the
+    # scoring pass that computes the same values).
     lens = sample.lens
-    if lens is not None:
-        if lens.shape[0] != count:
-            return f"logit-lens values for {lens.shape[0]} tokens, not {count}"
-        if not bool(lens.isfinite().all()):
-            return "logit-lens values that are not finite"
+    if lens is not None and lens.shape[0] != count:
+        return f"logit-lens values for {lens.shape[0]} tokens, not {count}"
     return None
 
 
