@@ -8,6 +8,10 @@ The weight-transfer routes (rl/online/) keep vLLM's rules: `/start_weight_update
 one; a completion while `/pause`d (never `/resume`d) is refused, so a push that forgets to resume
 fails the test. `GET /get_world_size` answers `world_size` (its workers).
 
+A server can be told to answer a route wrongly (`answer_wrongly(fault, route, after, times)`):
+each fault of FAULTS, from the `after`+1-th request of that route on, `times` times (None: every
+later one); tests/test_rollout_checks.py drives the trainer into each.
+
 A response's tokens depend on the prompt, the request's seed and the adapter it names (its
 folder's adapter_model.safetensors bytes), so a test can tell which adapter sampled it; a request
 naming a model that is neither the base nor a loaded adapter is refused with vLLM's 404. Every
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
+import struct
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,10 +50,53 @@ def rule_tokens(prompt: list[int], seed: int, salt: int, body: dict) -> tuple[li
     return tokens, [-(1 + t % 5) / 10 for t in tokens], "length"
 
 
+def _first_choice(answer: dict) -> dict:
+    return answer["choices"][0]
+
+
+def _set_logprob(value: float):
+    def tamper(answer: dict) -> None:
+        _first_choice(answer)["logprobs"]["token_logprobs"][0] = value
+    return tamper
+
+
+def _set_token(value: int):
+    def tamper(answer: dict) -> None:
+        _first_choice(answer)["token_ids"][0] = value
+    return tamper
+
+
+def _too_many_tokens(answer: dict) -> None:
+    choice = _first_choice(answer)
+    choice["token_ids"] = [3] * 40
+    choice["logprobs"]["token_logprobs"] = [-0.5] * 40
+    choice["finish_reason"] = "length"
+
+
+# What a completion's JSON answer gets wrong (a 200 with vLLM's shape otherwise).
+TAMPERS = {
+    "nan_logprob": _set_logprob(float("nan")),  # json.dumps writes NaN, as a server could
+    "inf_logprob": _set_logprob(float("inf")),
+    "positive_logprob": _set_logprob(0.7),
+    "out_of_vocab_id": _set_token(10**6),
+    "negative_id": _set_token(-1),
+    "too_many_tokens": _too_many_tokens,
+    "logprob_count": lambda a: _first_choice(a)["logprobs"]["token_logprobs"].append(-0.5),
+    "empty_choices": lambda a: a.update(choices=[]),
+    "no_token_ids": lambda a: _first_choice(a).pop("token_ids"),
+}
+# What goes wrong below the JSON, on any route.
+RAW_FAULTS = ("non_json", "cut_off", "trickle", "reset")
+FAULTS = (*TAMPERS, *RAW_FAULTS)
+
+
 class _Listening(ThreadingHTTPServer):
     # uvicorn's backlog, near enough: several training processes open 32 connections each at once,
     # beyond http.server's 5 (the rest would be reset)
     request_queue_size = 1024
+
+    def handle_error(self, request, client_address):  # a connection the fake reset or cut on purpose: quiet
+        pass
 
 
 class FakeVLLMServer:
@@ -61,6 +110,9 @@ class FakeVLLMServer:
         self.routes: list[str] = []  # every POST's route, completions too, in the order they came
         self.delay_s = delay_s
         self.lock = threading.Lock()
+        self.faults: dict[str, list] = {}  # route -> [fault, requests still answered right, faulty answers left]
+        self.faulty_answers = 0
+        self.stopping = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,19 +131,77 @@ class FakeVLLMServer:
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 status, answer = fake.handle(self.path, body)
+                fault = fake.fault_for(self.path)
+                if fault in TAMPERS and status == 200 and isinstance(answer, dict):
+                    TAMPERS[fault](answer)
+                if fault in RAW_FAULTS:
+                    return self._send_wrongly(fault, status, answer)
                 self._send(status, answer)
 
-            def _send(self, status: int, answer):
-                data = b"" if answer is None else (answer.encode() if isinstance(answer, str)
+            def _payload(self, answer) -> bytes:
+                return b"" if answer is None else (answer.encode() if isinstance(answer, str)
                                                    else json.dumps(answer).encode())
+
+            def _send(self, status: int, answer):
+                data = self._payload(answer)
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_wrongly(self, fault: str, status: int, answer) -> None:
+                self.close_connection = True
+                if fault == "non_json":
+                    return self._send(200, "<html><body>502 Bad Gateway (a proxy's page)</body></html>")
+                if fault == "reset":  # close with a TCP reset, before any answer
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    return None
+                data = self._payload(answer)
+                head = (f"HTTP/1.1 {status} OK\r\nContent-Length: {len(data) + (50 if fault == 'cut_off' else 0)}"
+                        f"\r\n\r\n").encode()
+                if fault == "cut_off":  # 50 bytes fewer than the header promised, then the connection closes
+                    self.wfile.write(head + data)
+                    return None
+                for byte in head + data:  # trickle: one byte a second, the status line too
+                    if fake.stopping.wait(1.0):
+                        return None
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:  # the client gave up
+                        return None
+                return None
+
         self.httpd = _Listening(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ answering wrongly
+
+    def answer_wrongly(self, fault: str, route: str = "/v1/completions", after: int = 0,
+                       times: int | None = None) -> "FakeVLLMServer":
+        """Answer `route` with `fault` (FAULTS) after `after` right answers, `times` times (None: always)."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        self.faults[route] = [fault, after, times]
+        return self
+
+    def fault_for(self, route: str) -> str | None:
+        """The fault this request of `route` gets, counted, or None."""
+        with self.lock:
+            plan = self.faults.get(route)
+            if plan is None:
+                return None
+            if plan[1] > 0:
+                plan[1] -= 1
+                return None
+            if plan[2] is not None:
+                if plan[2] <= 0:
+                    return None
+                plan[2] -= 1
+            self.faulty_answers += 1
+            return plan[0]
 
     # ------------------------------------------------------------ routes
 
@@ -177,6 +287,7 @@ class FakeVLLMServer:
 
     def stop(self) -> None:
         """As a server that died: nobody answers on its port any more."""
+        self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -71,6 +71,13 @@ def test_a_file_that_is_not_a_record_is_one_line(tmp_path, text, says):
     (lambda r: r["jobs"][0]["requests"][0].update(seeds=[]), "seeds are not a list of integers"),
     (lambda r: r["jobs"][0].update(requests={"a": 1}), "without a list of requests"),
     (lambda r: r["jobs"].append("job"), "a job that is not an object"),
+    (lambda r: r.update(note="x"), "has key 'note' in the record, which the format does not have"),
+    (lambda r: r["jobs"][0].update(trained=True), "has key 'trained' in a job"),
+    (lambda r: r["jobs"][0]["requests"][0].update(logprobs=[]), "has key 'logprobs' in a request"),
+    (lambda r: r["jobs"].append(dict(r["jobs"][0])), "has two jobs for step 3"),
+    (lambda r: r["jobs"][0]["requests"][1].update(seeds=[13, 11]), "a job for step 3 with seed 11 twice"),
+    (lambda r: r["jobs"][0]["requests"][0].update(seeds=[11, 11]), "a job for step 3 with seed 11 twice"),
+    (lambda r: r.update(weights="maybe"), "says weights 'maybe', not 'saved' or 'not saved: ...'"),
 ])
 def test_a_bad_job_is_one_line(tmp_path, change, says):
     save_in_flight(tmp_path, 0, JOBS[:1], {0: weights_of(0)})
@@ -87,6 +94,8 @@ def test_a_bad_job_is_one_line(tmp_path, change, says):
     ({**weights_of(1), "layer.lora_B.weight": torch.zeros(2, 2)}, "in another shape or type"),
     ({**weights_of(1), "layer.lora_B.weight": torch.zeros(3, 2, dtype=torch.long)}, "in another shape or type"),
     ("not safetensors", "not a valid safetensors file"),
+    ({**weights_of(0), "layer.lora_B.weight": torch.full((3, 2), float("nan"))}, "values that are not finite"),
+    ({**weights_of(0), "layer.lora_A.weight": torch.full((2, 3), float("inf"))}, "values that are not finite"),
 ])
 def test_bad_weights_of_a_version_are_one_line(tmp_path, tensors, says):
     save_in_flight(tmp_path, 0, JOBS[:1], {0: weights_of(0)})
@@ -114,3 +123,14 @@ def test_records_that_differ_between_processes_are_refused_before_anything_is_se
     pipeline = RolloutPipeline(Unused(), 1, processes=lined_up)
     with pytest.raises(UserError, match="differ between processes"):
         pipeline.resubmit(JOBS[:1], {0: weights_of(0)}, SamplingSettings(1.0, 1.0, 2, (0,)))
+
+
+def test_a_job_whose_prompts_or_seeds_are_not_those_its_step_draws_is_refused(tmp_path):
+    save_in_flight(tmp_path, 0, JOBS, {0: weights_of(0), 1: weights_of(1)})
+    plan = {job.step: job.requests for job in JOBS}
+    assert read_in_flight(tmp_path, 0, step=2, trained=TRAINED, vocab_size=53, planned=plan.get)[0] == JOBS
+    for other in ((SampleRequest((8, 9), (15, 17)),), (SampleRequest((8, 10), (15, 16)),), ()):
+        plan[4] = other
+        with pytest.raises(UserError) as error:
+            read_in_flight(tmp_path, 0, step=2, trained=TRAINED, vocab_size=53, planned=plan.get)
+        assert "a job for step 4 whose prompts or seeds are not those step 4 draws" in str(error.value)

@@ -217,7 +217,8 @@ class Trainer:
         # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
         with self._gathered_for_engine(), self.acc.autocast():
             batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                    sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe))
+                                    sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe),
+                                    vocab_size=self.unwrapped.get_input_embeddings().num_embeddings)
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
         if not indices:  # entered the engine's call only
@@ -337,8 +338,6 @@ class Trainer:
         state = self._training_state()
         checkpoints.load_checkpoint(self.acc, state, path, self.cfg.optim)
         self.step, self.sampler.position = state.step, state.sampler_position
-        if self.acc.is_main_process:
-            self.metrics.truncate_after(self.step)
         self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
         pipeline = self.pipeline
         if pipeline is not None:
@@ -346,8 +345,11 @@ class Trainer:
             if pipeline.max_staleness:  # the jobs in flight at the checkpoint, from their own versions' weights
                 model = self.unwrapped
                 in_flight = read_in_flight(path, self.rank, step=self.step, trained=trained_shapes(model),
-                                           vocab_size=model.get_input_embeddings().num_embeddings)
+                                           vocab_size=model.get_input_embeddings().num_embeddings,
+                                           planned=lambda at: self._planned_requests(at, at - self.step - 1))
                 pipeline.resubmit(*(in_flight or ([], None)), sampling_settings(self.cfg.rollout, self.tokenizer))
+        if self.acc.is_main_process:  # last: a checkpoint refused above leaves the metrics as they were
+            self.metrics.truncate_after(self.step)
 
 
 def staleness_metrics(sampled, version: int) -> dict[str, float]:

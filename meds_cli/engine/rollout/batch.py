@@ -11,6 +11,7 @@ from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.rollout_check import check_samples
 from meds_cli.engine.rollout.sampling_engine import (
     RolloutEngine,
     Sample,
@@ -33,15 +34,22 @@ def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = Non
 
 
 def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
-                    settings: SamplingSettings) -> Rollouts:
+                    settings: SamplingSettings, *, vocab_size: int | None = None) -> Rollouts:
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
     token ids (the chat template already holds any BOS); each sample's seed is drawn from torch's
     RNG, which the trainer reseeds every step, so a resumed run samples the same responses.
     No prompts: the engine is still called (its call may be collective, as vLLM's tensor-parallel
-    pooling is) and the batch is empty."""
+    pooling is) and the batch is empty. What the engine returns is checked before anything else
+    reads it (rollout_check.py); `vocab_size`: the ids the policy can score (its embedding rows,
+    which may pad the tokenizer's vocabulary; None: the tokenizer's)."""
     seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
     requests = sample_requests(tokenizer, prompts, seeds)
     samples = engine.generate(requests, settings)
+    # an engine apart agrees on the outcome over the training processes: every process ends in one line
+    agreed = getattr(engine, "agreed", lambda work: work())
+    agreed(lambda: check_samples(getattr(engine, "name", type(engine).__name__), requests, samples, settings,
+                                 len(tokenizer) if vocab_size is None else vocab_size,
+                                 getattr(engine, "newest_version", None)))
     return rollouts_from_samples(tokenizer, [r.prompt_ids for r in requests], samples, problems, group_size,
                                  settings.stop_ids)
 

@@ -356,7 +356,8 @@ def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, rank
             wait_healthy(url, server.health_timeout_s, server_name(url))
     return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
                             request_timeout_s=server.request_timeout_s, concurrency=server.concurrency, sync=sync,
-                            processes=training_processes)
+                            processes=training_processes, retries=server.retries,
+                            vocab_size=model.get_input_embeddings().num_embeddings)
 
 
 def _server_for_eval(spec: ModelSpec, settings):

@@ -210,6 +210,9 @@ class HFWorkerEngine:
         while ticket not in self.done:
             self._take(self._next_message(timeout_s=None, doing="sampling"))
         _, _, samples, version, started, ended = self.done.pop(ticket)
+        for group in samples:
+            for sample in group:
+                sample.source = self._describe()  # named where a sample is refused (rollout_check.py)
         return JobResult(samples, version, started, ended)
 
     def job_times(self, since: float) -> list[tuple[float, float | None]]:
@@ -227,6 +230,10 @@ class HFWorkerEngine:
         self.forgotten.add(ticket)
 
     def close(self) -> None:
+        """Stop the worker: the jobs it has not begun are dropped (a run that ends early, on a refused
+        rollout say, may have queued many: rollout.max_staleness), then it is told to stop after its
+        current job, and terminated if it does not."""
+        self._drop_queued_jobs()
         if self.process.is_alive():
             self.jobs.put(("stop",))
             self.process.join(timeout=10)
@@ -235,6 +242,20 @@ class HFWorkerEngine:
             self.process.join(timeout=5)
         with contextlib.suppress(OSError):  # made for the model file only: no empty scratch/ left in the run
             self.scratch_dir.rmdir()  # (only when empty: another engine's files stay)
+        # What the worker never read stays in the pipe: the queue's feeder thread must not wait at
+        # exit to write it to a pipe nobody reads (the process would never exit).
+        self.jobs.cancel_join_thread()
+        self.results.cancel_join_thread()
+
+    def _drop_queued_jobs(self) -> None:
+        """Take back the messages the worker has not read (this process holds the queue's other end)."""
+        while True:
+            try:
+                self.jobs.get(timeout=0.05)
+            except queue.Empty:
+                return
+            except (OSError, ValueError, EOFError):  # a queue already closed
+                return
 
     # ------------------------------------------------------------ internals
 

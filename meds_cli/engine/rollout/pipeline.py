@@ -207,6 +207,12 @@ class RolloutPipeline:
         # (the hf worker is handed the model), else -1: sent before its first job
         self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1
 
+    @property
+    def newest_version(self) -> int:
+        """The newest policy version there is (the trainer's): a sample naming a later one is refused
+        (rollout_check.py)."""
+        return self.version
+
     # ------------------------------------------------------------ the trainer's calls
 
     def policy_updated(self) -> None:
@@ -307,6 +313,9 @@ class RolloutPipeline:
         }
         if self.sampled_again:
             row["rollouts_sampled_again"] = float(self.sampled_again)
+        take_retries = getattr(self.engine, "take_retries", None)  # requests sent again (rollout.server.retries)
+        if take_retries is not None:
+            row["rollout/retries"] = float(take_retries())
         self.waits, self.sampled_again = [], 0
         return row
 
@@ -330,6 +339,11 @@ class RolloutPipeline:
         the next job may sample from)."""
         used = {p.job.version for p in self.pending} | {self.pushed}
         self.kept = {v: w for v, w in self.kept.items() if v in used}
+
+    def agreed(self, work):
+        """work() (a check of what the engine returned: rollout_check.py) on every process, each
+        ending in one line where any process's failed."""
+        return self._agreed(work)
 
     def _agreed(self, work):
         """work() on every process, then one agreement on whether any process's engine failed:

@@ -56,6 +56,7 @@ class Sample:
     logprobs: list[float] | None = field(default=None)  # the sampler's log-prob of each token, where it has them
     lens: Any = field(default=None)  # torch.Tensor [tokens, len(layers)] of settings.lens, where recorded
     policy_version: int | None = field(default=None)  # the policy version that sampled it (engines apart: pipeline.py)
+    source: str | None = field(default=None)  # who sampled it (a server, a worker): named if refused (rollout_check)
 
 
 class RolloutEngine(Protocol):

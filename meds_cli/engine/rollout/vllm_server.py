@@ -31,6 +31,10 @@ The routes, as vLLM 0.32 has them (vllm/entrypoints/...):
 Jobs and pushes run in the order the pipeline sent them, on one thread: a job samples from the
 adapter loaded before it, and records that version. A server that stops answering, or answers a
 route with an error, ends the run in one line naming it (and its log where meds started it).
+What a server sends is a stranger's input: each request has one deadline for all of it
+(`request_timeout_s`, not per read), an answer cut off, not JSON or without the route's fields is
+one line with the URL and the route, and each sample is checked (rollout_check.py) as it
+arrives, so that `retries` can send that request again.
 
 Several training processes (training_processes.py) each send their own share of the requests;
 process 0 alone saves and loads each version's adapter (once), the others name it in their later
@@ -45,25 +49,31 @@ unloaded after it, as before.
 from __future__ import annotations
 
 import atexit
+import heapq
+import http.client
 import itertools
 import json
+import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+from urllib.parse import urlsplit
 
+from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, doc
 from meds_cli.engine.rollout.hf_worker import CORES
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
+from meds_cli.engine.rollout.rollout_check import Limits, describe_request, refused, sample_fault
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
 from meds_cli.engine.rollout.server_placement import ACCEPTED as GPUS_ACCEPTED
 from meds_cli.engine.rollout.server_placement import server_gpus_valid
@@ -75,8 +85,43 @@ POLL_S = 0.2
 STOP_WAIT_S = 20.0
 
 
-def _urls_valid(text: str) -> bool:
-    return all(u.startswith(("http://", "https://")) for u in parse_urls(text))
+URL_FORM = "http://host:port or https://host:port (port 1 to 65535, no user or password), or a comma list of them"
+
+
+def url_problem(text: str) -> str | None:
+    """What is wrong with rollout.server.url (one server, or a comma list), or None: http or https,
+    a host, a port in 1-65535 where one is given, no control characters or spaces, no credentials
+    (meds never sends them), no query or fragment, no empty item of the list."""
+    if not str(text):
+        return None  # not given: rollout.server.start
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item:
+            return "has an empty item (a comma with nothing beside it)"
+        if any(ord(c) < 33 or ord(c) == 127 for c in item):
+            return f"{item!r} holds a space or a control character"
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https"):
+            return f"{item!r} is not an http or https URL"
+        if parts.username is not None or parts.password is not None:
+            return f"{item!r} holds a user or password, which meds never sends: drop the part before '@'"
+        if not parts.hostname:
+            return f"{item!r} names no host"
+        try:
+            port = parts.port
+        except ValueError:
+            return f"{item!r} has a port that is not a number in 1-65535"
+        if port is not None and not 1 <= port <= 65535:
+            return f"{item!r} has port {port}, not one in 1-65535"
+        if parts.query or parts.fragment or item.endswith(("?", "#")):
+            return f"{item!r} has a query or fragment, which the routes do not take"
+    return None
+
+
+def _finite_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+FINITE_SECONDS = Check(_finite_seconds, "a finite number of seconds greater than 0")
 
 
 @dataclass
@@ -85,8 +130,7 @@ class ServerConfig:
 
     url: str = doc("", "the vLLM server(s) to connect to, started by you with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
                        "(and VLLM_SERVER_DEV_MODE=1 for the version route), --enable-lora and --logprobs-mode "
-                       "processed_logprobs: http://host:port, or a comma list that takes the requests in turn",
-                   Check(_urls_valid, "http://host:port, or a comma list of them"))
+                       "processed_logprobs: http://host:port, or a comma list that takes the requests in turn")
     start: bool = doc(False, "meds starts `vllm serve` itself on 127.0.0.1 (the model, rollout.vllm's settings), "
                              "logs to <run folder>/vllm-server.log and stops it with the run")
     port: int = doc(8100, "the port of a server meds starts", Check(lambda v: 1 <= v <= 65535, "a port, 1 to 65535"))
@@ -102,10 +146,18 @@ class ServerConfig:
     nccl_port: int = doc(0, "full-weight sync: the NCCL rendezvous port of the first server, the next ones "
                             "counting up (0: a free port)", Check(lambda v: 0 <= v <= 65535, "0 or a port, 1 to 65535"))
     health_timeout_s: float = doc(600.0, "how long a server may take to answer /health before the run ends",
-                                  Check(lambda v: v > 0, "greater than 0"))
-    request_timeout_s: float = doc(600.0, "how long one request (a sample, an adapter load) may take",
-                                   Check(lambda v: v > 0, "greater than 0"))
+                                  FINITE_SECONDS)
+    request_timeout_s: float = doc(600.0, "how long one request (a sample, an adapter load) may take, from connecting "
+                                          "to the last byte of the answer", FINITE_SECONDS)
     concurrency: int = doc(32, "requests in flight per server (vLLM batches those it holds)", at_least(1))
+    retries: int = doc(0, "times a sample's request is sent again after it failed or its answer was refused "
+                          "(rollout/retries in the metrics counts them); 0: the first failure ends the run",
+                       at_least(0))
+
+    def validate(self, prefix: str) -> None:
+        problem = url_problem(self.url)
+        if problem is not None:
+            raise UserError(f"{prefix}url {problem}; give {URL_FORM}")
 
 
 def parse_urls(text: str) -> list[str]:
@@ -128,20 +180,105 @@ class RouteError(Exception):
         self.status = status
 
 
+class AnswerError(Exception):
+    """A server's answer that cannot be read: cut off, not text, or not the JSON the route gives."""
+
+
+class _Deadlines:
+    """One thread that ends every request past its deadline: a socket timeout bounds each read,
+    so a server trickling a byte a second would hold a request for ever; this shuts the socket of
+    a request whose whole time (rollout.server.request_timeout_s) is up, which ends any read or
+    send blocked on it."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int]] = []  # (deadline, token), the earliest first
+        self.open: dict[int, socket.socket] = {}  # token -> the socket of a request still running
+        self.tokens = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    @contextmanager
+    def bound(self, sock: socket.socket, deadline: float):
+        with self.cond:
+            token = next(self.tokens)
+            self.open[token] = sock
+            heapq.heappush(self.heap, (deadline, token))
+            if len(self.heap) > 2 * len(self.open) + 64:  # finished requests' entries, dropped now and then
+                self.heap = [entry for entry in self.heap if entry[1] in self.open]
+                heapq.heapify(self.heap)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._watch, daemon=True, name="meds-request-deadlines")
+                self.thread.start()
+            self.cond.notify()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.open.pop(token, None)
+
+    def _watch(self) -> None:
+        while True:
+            with self.cond:
+                while self.heap and self.heap[0][1] not in self.open:
+                    heapq.heappop(self.heap)
+                if not self.heap:
+                    self.cond.wait()
+                    continue
+                deadline, token = self.heap[0]
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                heapq.heappop(self.heap)
+                sock = self.open.pop(token)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+_DEADLINES = _Deadlines()
+
+
 def call(url: str, route: str, body: dict | None = None, timeout_s: float = 60.0):
     """POST `body` as JSON to url+route (GET without a body); the decoded answer (JSON, else text).
-    Raises RouteError for an error status, OSError (urllib.error.URLError) when nobody answers."""
+    The whole request (connect, send, every byte of the answer) ends within `timeout_s`.
+    Raises RouteError for an error status, AnswerError for an answer that cannot be read (cut off,
+    not UTF-8), OSError when nobody answers (TimeoutError when the time is up)."""
+    deadline = time.monotonic() + timeout_s
+    parts = urlsplit(url)
+    connection_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_type(parts.hostname, parts.port, timeout=timeout_s)
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + route, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read().decode()
-    except urllib.error.HTTPError as err:
-        raise RouteError(err.code, _error_text(err.read().decode(errors='replace'))) from None
+        connection.connect()
+        with _DEADLINES.bound(connection.sock, deadline):
+            connection.request("GET" if body is None else "POST", parts.path + route, body=data,
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            raw = response.read()
+    except http.client.IncompleteRead as err:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
+        raise AnswerError(f"an answer cut off after {len(err.partial)} bytes"
+                          + (f" of {len(err.partial) + err.expected}" if err.expected else "")) from None
+    except (OSError, http.client.HTTPException, ValueError) as err:  # ValueError: a chunk size that is not hex
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
+        if isinstance(err, OSError):
+            raise
+        raise AnswerError(f"an answer that is not HTTP ({type(err).__name__}: {str(err)[:80]})") from None
+    finally:
+        connection.close()
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise AnswerError("an answer that is not UTF-8 text") from None
+    if response.status >= 300:
+        raise RouteError(response.status, _error_text(text))
     try:
         return json.loads(text) if text else None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text
 
 
@@ -167,16 +304,28 @@ def completion_body(prompt_ids: Sequence[int], seed: int, settings: SamplingSett
     return body
 
 
-def sample_of(answer: dict) -> Sample:
+def sample_of(answer) -> Sample:
     """The Sample of one /v1/completions answer: its token ids, whether it stopped on a stop id,
-    and the sampler's log-prob of each token."""
-    choice = answer["choices"][0]
-    tokens = [int(t) for t in choice["token_ids"]]
+    and the sampler's log-prob of each token. An answer without them raises AnswerError (what it
+    holds is checked by rollout_check.py)."""
+    if not isinstance(answer, dict):
+        shown = " ".join(str(answer).split())[:60]
+        raise AnswerError(f"a body that is not a JSON object ({shown!r})")
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        count = len(choices) if isinstance(choices, list) else "no list of"
+        raise AnswerError(f"{count} choices, not the 1 asked for")
+    choice = choices[0]
+    tokens = choice.get("token_ids")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise AnswerError("no list of integer token_ids (is it vLLM 0.32 or later, given return_token_ids?)")
     logprobs = None
     if choice.get("logprobs") is not None:
-        logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
-        if len(logprobs) != len(tokens):
-            raise ValueError(f"the server gave {len(logprobs)} log-probs for {len(tokens)} tokens")
+        values = choice["logprobs"].get("token_logprobs") if isinstance(choice["logprobs"], dict) else None
+        if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in values):
+            raise AnswerError("logprobs without a list of numbers in token_logprobs")
+        logprobs = [float(v) for v in values]
     return Sample(tokens, choice.get("finish_reason") == "stop", logprobs)
 
 
@@ -237,7 +386,7 @@ def wait_healthy(url: str, timeout_s: float, describe: str, exit_code=lambda: No
         try:
             call(url, "/health", timeout_s=5)
             return
-        except (OSError, RouteError):
+        except (OSError, RouteError, AnswerError):
             pass
         if time.monotonic() > deadline:
             raise RolloutEngineGone(f"{describe} was not healthy after {timeout_s:g} s "
@@ -308,8 +457,10 @@ class VLLMServerEngine:
 
     def __init__(self, urls: Sequence[str], *, policy, scratch_dir: Path, server: StartedServer | None = None,
                  request_timeout_s: float = 600.0, concurrency: int = 32, sync: PolicySync | None = None,
-                 processes: TrainingProcesses = ONE_PROCESS):
+                 processes: TrainingProcesses = ONE_PROCESS, retries: int = 0, vocab_size: int | None = None):
         self.urls, self.policy, self.server, self.processes = list(urls), policy, server, processes
+        # each answer is checked as it arrives (rollout_check.py), so a refused one can be asked again
+        self.retries, self.vocab_size, self.retried = retries, vocab_size, 0
         self.sync = sync if sync is not None else AdapterSync(policy, scratch_dir, pushes=processes.pushes)
         self.sync.attach(self.urls, self._call)
         self.timeout_s = request_timeout_s
@@ -387,6 +538,12 @@ class VLLMServerEngine:
         if future is not None:
             future.cancel()  # one already running finishes, unread
 
+    def take_retries(self) -> int:
+        """Requests sent again since the last call (rollout.server.retries)."""
+        with self.lock:
+            count, self.retried = self.retried, 0
+        return count
+
     def job_times(self, since: float) -> list[tuple[float, float | None]]:
         with self.lock:
             self.times = spans_since(self.times, since)
@@ -423,17 +580,41 @@ class VLLMServerEngine:
         started = time.monotonic()
         with self.lock:
             self.times[ticket] = [started, None]
-        work = [(r.prompt_ids, seed) for r in requests for seed in r.seeds]
+        limits = Limits.of(settings, self.vocab_size) if self.vocab_size is not None else None
         asks = [self.requests.submit(self._sample, self.urls[next(self.turns) % len(self.urls)],
-                                     completion_body(ids, seed, settings, adapter)) for ids, seed in work]
+                                     completion_body(r.prompt_ids, seed, settings, adapter),
+                                     describe_request(r, seed), limits)
+                for r in requests for seed in r.seeds]
         flat = [ask.result() for ask in asks]
         ended = time.monotonic()
         with self.lock:
             self.times[ticket] = [started, ended]
         return JobResult(split_by_request(requests, flat), version, started, ended)
 
-    def _sample(self, url: str, body: dict) -> Sample:
-        return sample_of(self._call(url, "/v1/completions", body))
+    def _sample(self, url: str, body: dict, request: str, limits: Limits | None) -> Sample:
+        """One sample's request, its answer read and checked; sent again up to `retries` times
+        when it fails (the last failure ends the run)."""
+        for attempt in itertools.count():
+            try:
+                return self._checked_sample(url, body, request, limits)
+            except RolloutEngineGone:
+                if attempt >= self.retries:
+                    raise
+                with self.lock:
+                    self.retried += 1
+
+    def _checked_sample(self, url: str, body: dict, request: str, limits: Limits | None) -> Sample:
+        route = "/v1/completions"
+        answer = self._call(url, route, body)
+        try:
+            sample = sample_of(answer)
+        except AnswerError as err:
+            raise self._gone(url, f"answered POST {route} {request} with {err}") from None
+        sample.source = self._describe(url)
+        problem = sample_fault(sample, limits) if limits is not None else None
+        if problem is not None:
+            raise refused(self.name, sample.source, f"POST {route} {request}", problem)
+        return sample
 
     # ------------------------------------------------------------ failures, in one line
 
@@ -445,6 +626,10 @@ class VLLMServerEngine:
             if absent_ok and err.status == 404:
                 return ABSENT
             raise self._gone(url, f"refused {route}: {err}") from None
+        except AnswerError as err:
+            raise self._gone(url, f"answered {route} with {err}") from None
+        except TimeoutError as err:
+            raise self._gone(url, f"gave {route} {err} (rollout.server.request_timeout_s)") from None
         except OSError as err:
             raise self._gone(url, f"stopped answering {route} ({type(err).__name__}: {err})") from None
 
