@@ -301,3 +301,43 @@ def test_the_samplers_logprobs_line_up_with_the_scoring_pass_after_the_layout(pa
     assert_equal_in_float64(logp[1, :3], torch.tensor(short_logp, dtype=torch.float64), "the row without tools")
     assert (logp[0, 5:5 + len(observation)] == 0).all()  # no log-prob on observation tokens
     assert (sampler[5:5 + len(observation)] == 0).all()
+
+
+# ------------------------------------------------------------ the update leaves observations out
+
+def update_after(tmp_path, name, perturb):
+    """The parameters and stats after one update (2 PPO epochs, a KL term, TIS against the
+    sampler's log-probs) of the varied batch with observations; `perturb` changes what sits at
+    the observation positions of the per-token inputs first."""
+    from meds_cli.engine.trainer import Trainer
+    from meds_cli.engine.training.scoring import score_rollouts
+    from tests.test_micro_batches import varied_batch
+    from tests.test_padding_free import with_observations
+
+    cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "train.micro_batch_size=2",
+                      "algo.name=grpo", "grpo.kl_coef=0.1", "grpo.loss_agg=token-mean", "optim.lr=0.05",
+                      "optim.warmup_steps=0", "train.ppo_epochs=2", "train.mini_batch_size=4",
+                      "rollout.is_correction=tis")
+    trainer = Trainer(cfg, tmp_path / name)
+    model = trainer.unwrapped
+    batch = with_observations(varied_batch(trainer.tokenizer))
+    score_rollouts(model, batch, 8, with_reference=True, disable_adapter=model.disable_adapter)
+    batch.sampler_logp = batch.old_logp - 0.05 * batch.response_mask  # a sampler slightly off the trainer
+    if perturb:
+        observed = batch.observation_mask != 0
+        for field in ("old_logp", "ref_logp", "sampler_logp", "entropy"):
+            values = getattr(batch, field).clone()
+            values[observed] = torch.linspace(-4.0, 3.0, int(observed.sum()))
+            setattr(batch, field, values)
+    stats = trainer.update(batch)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, stats
+
+
+def test_what_sits_at_observation_positions_does_not_change_the_update(tmp_path):
+    base, base_stats = update_after(tmp_path, "base", perturb=False)
+    moved, moved_stats = update_after(tmp_path, "moved", perturb=True)
+    assert base and base.keys() == moved.keys()
+    for name, value in base.items():
+        assert torch.equal(moved[name], value), name
+    assert {k: base_stats[k] for k in base_stats if k in moved_stats} == moved_stats
+    assert any(k.startswith("kl") or "kl" in k for k in base_stats)  # the KL term ran, and left them out too
