@@ -341,3 +341,18 @@ def test_what_sits_at_observation_positions_does_not_change_the_update(tmp_path)
         assert torch.equal(moved[name], value), name
     assert {k: base_stats[k] for k in base_stats if k in moved_stats} == moved_stats
     assert any(k.startswith("kl") or "kl" in k for k in base_stats)  # the KL term ran, and left them out too
+
+
+def test_the_samples_log_keeps_the_tool_use_and_counts_model_tokens():
+    from meds_cli.engine.run_folders.samples_log import sample_rows as logged_rows
+
+    text, spans, columns = boxed_response()
+    batch = tool_rollouts([(text, spans), ("\\boxed{5}", [])], observation_columns=[columns, (0, 0)])
+    batch.tool_stats = [ToolStats(calls=1, observation_tokens=len(OBSERVATION), tool_seconds=0.5), ToolStats()]
+    rows = logged_rows(batch, step=1, groups=1)
+    assert rows[0]["response"] == text and rows[0]["response_tokens"] == len(MODEL_1) + len(MODEL_2)
+    assert rows[0]["tools"] == {"calls": 1, "errors": 0, "timeouts": 0, "observation_tokens": len(OBSERVATION),
+                                "seconds": 0.5}
+    assert rows[1]["tools"]["calls"] == 0
+    batch.tool_stats = []
+    assert "tools" not in logged_rows(batch, step=1, groups=1)[0]
