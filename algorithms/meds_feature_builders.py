@@ -162,7 +162,7 @@ class SemanticFeatures(FeatureBuilder):
     def __call__(self, rollouts, view, start, stop):
         device = str(view.device) if view.device is not None else None
         encoder = load_encoder(self.config.embedding_model, device)
-        texts = list(rollouts.response_texts[start:stop])
+        texts = rollouts.answer_texts[start:stop]  # what the model wrote: tool observations left out
         values = encoder.encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)
         return BuiltFeatures(torch.from_numpy(values).float().reshape(len(texts), -1))
 

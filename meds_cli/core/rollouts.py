@@ -39,7 +39,8 @@ class Rollouts:
     old_logp: torch.Tensor | None = None  # [B, R]
     ref_logp: torch.Tensor | None = None  # [B, R], reference policy (adapter disabled)
     entropy: torch.Tensor | None = None  # [B, R]
-    sampler_logp: torch.Tensor | None = None  # [B, R], the rollout engine's own log-probs, where it gives them
+    # [B, R], the rollout engine's own log-probs, where it gives them (0.0 on observations)
+    sampler_logp: torch.Tensor | None = None
     # per response [its tokens, L]: logit-lens values the engine recorded (SamplingSettings.lens)
     sampler_lens: list[torch.Tensor] | None = None
     sampler_version: torch.Tensor | None = None  # [B] long: the policy version that sampled each response, where known
