@@ -222,7 +222,7 @@ class MEDS(OnBase):
         shaped_kinds = ("wrong", "correct") if cfg.target == "both" else ("wrong",)
         # meds.unboxed 'skip' (reference code): a response without a boxed answer has no feature;
         # it is neither clustered, nor penalised, nor remembered.
-        answered = (answered_rows(rollouts.response_texts, rollouts.extras.get(ANCHOR_KIND)) if cfg.unboxed == "skip"
+        answered = (answered_rows(rollouts.answer_texts, rollouts.extras.get(ANCHOR_KIND)) if cfg.unboxed == "skip"
                     else torch.ones(rollouts.size, dtype=torch.bool))
         state, clusters, jobs, placed = StepState(rollouts), {kind: [] for kind in KINDS}, [], []
         for problem, group in zip(rollouts.problems, rollouts.groups()):

@@ -56,12 +56,18 @@ class FeatureBuilder:
 
 def answer_anchors(rollouts, start: int, stop: int, tokenizer,
                    rule: str = "project") -> tuple[torch.Tensor, list[str]]:
-    """(y* index [b], anchor kind per response) of rows start..stop (meds_features.answer_anchor)."""
-    lengths = rollouts.response_mask[start:stop].sum(-1).long().tolist()
-    anchors = [answer_anchor(rollouts.response_texts[i], rollouts.response_ids[i, :n].tolist(),
-                             bool(rollouts.truncated[i]), tokenizer, rule)
-               for i, n in zip(range(start, stop), lengths)]
-    return torch.tensor([j for j, _ in anchors], dtype=torch.long), [kind for _, kind in anchors]
+    """(y* index [b], anchor kind per response) of rows start..stop (meds_features.answer_anchor).
+    The anchor is found among the policy's own tokens, in the text without observations (a box the
+    tool printed is not the answer), then placed at its column of the response."""
+    texts = rollouts.answer_texts
+    indices, kinds = [], []
+    for i in range(start, stop):
+        columns = rollouts.response_mask[i].nonzero().squeeze(-1)  # the model's tokens, observations left out
+        j, kind = answer_anchor(texts[i], rollouts.response_ids[i, columns].tolist(), bool(rollouts.truncated[i]),
+                                tokenizer, rule)
+        indices.append(int(columns[j]) if len(columns) else 0)
+        kinds.append(kind)
+    return torch.tensor(indices, dtype=torch.long), kinds
 
 
 def lens_at_answers(rollouts, tokenizer, rule: str = "project") -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -156,7 +162,7 @@ class SemanticFeatures(FeatureBuilder):
     def __call__(self, rollouts, view, start, stop):
         device = str(view.device) if view.device is not None else None
         encoder = load_encoder(self.config.embedding_model, device)
-        texts = list(rollouts.response_texts[start:stop])
+        texts = rollouts.answer_texts[start:stop]  # what the model wrote: tool observations left out
         values = encoder.encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)
         return BuiltFeatures(torch.from_numpy(values).float().reshape(len(texts), -1))
 

@@ -125,7 +125,7 @@ class RLIFMultiReward(Algorithm):
 
     def reward_components(self, rollouts):
         g = rollouts.group_size
-        answers = [self.read_answer(t) for t in rollouts.response_texts]
+        answers = [self.read_answer(t) for t in rollouts.answer_texts]  # observations are not the model's answer
         groups = [answers[rows] for rows in rollouts.groups()]
         labels = answer_classes(groups, self.config.equivalence)
         rollouts.extras["answer_class"] = [label for group in labels for label in group]

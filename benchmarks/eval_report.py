@@ -81,8 +81,22 @@ def _problems_cell(scores: dict) -> str:
     return f"{scores['problems']} [red](expected {rows['expected']})[/]" if rows else str(scores["problems"])
 
 
+TOOL_COLUMNS = ("tool calls", "used tool", "tool errors", "tool time-outs")
+
+
+def tool_cells(scores: dict) -> list[str]:
+    """The tool columns of one row (TOOL_COLUMNS): calls per response, the share of responses that
+    ran a block (%), errors and time-outs per response; '-' where the row has no tool scores."""
+    tools = scores.get("tools")
+    if not tools:
+        return ["-"] * len(TOOL_COLUMNS)
+    return [f"{tools['calls_per_response']:.2f}", _pct(tools["used_share"]), f"{tools['errors_per_response']:.2f}",
+            f"{tools['timeouts_per_response']:.2f}"]
+
+
 def score_table(document: dict, title: str | None = None) -> Table:
-    """One row per benchmark plus the average: pass@k (%), maj@k at the largest k, length, truncation."""
+    """One row per benchmark plus the average: pass@k (%), maj@k at the largest k, length, truncation;
+    the tool columns (tool_cells) beside them when the eval ran with tools."""
     rows = list(document["benchmarks"].items())
     ks = _shown_ks(list(rows[0][1]["pass@k"])) if rows else []
     top = ks[-1] if ks else "1"
@@ -96,6 +110,9 @@ def score_table(document: dict, title: str | None = None) -> Table:
     table.add_column("length", justify="right")
     table.add_column("truncated", justify="right")
     table.add_column("time-outs", justify="right")
+    with_tools = any(scores.get("tools") for _, scores in rows)
+    for column in TOOL_COLUMNS if with_tools else ():
+        table.add_column(column, justify="right")
     average = document.get("average") or {}
     entries = rows + ([("average", {**average, "problems": sum(s["problems"] for _, s in rows)})]
                       if len(rows) > 1 else [])
@@ -105,6 +122,7 @@ def score_table(document: dict, title: str | None = None) -> Table:
             f"[bold]{name}[/]" if name == "average" else name, _problems_cell(scores),
             *[_pct(scores["pass@k"].get(k)) for k in ks], _pct(maj),
             f"{scores['mean_response_length']:.0f}", _truncated_cell(scores), str(scores["timeouts"]),
+            *(tool_cells(scores) if with_tools else []),
         )
     notes = [f"{name}: {scores['data']['note']}" for name, scores in rows if (scores.get("data") or {}).get("note")]
     if notes:  # the data was not what the benchmark should be: say so under the scores

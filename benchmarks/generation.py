@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from meds_cli.core.rollouts import without_spans
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -33,8 +35,20 @@ class Generated:
     """The n responses of one request, in sample order."""
 
     texts: list[str]
-    lengths: list[int]  # response tokens, EOS included
+    lengths: list[int]  # response tokens, EOS included (the model's own: observations not counted)
     truncated: list[bool]  # no EOS within max_new_tokens
+    # sampled with tools (docs/tools.md): per response, the character spans of `texts` that are
+    # observations, and its ToolStats (calls, errors, timeouts, observation_tokens, tool_seconds)
+    observation_spans: list[list[tuple[int, int]]] | None = None
+    tool_stats: list | None = None
+
+    @property
+    def answer_texts(self) -> list[str]:
+        """What the benchmark grades: each text without its observations (an answer the tool
+        printed is not the model's)."""
+        if self.observation_spans is None:
+            return list(self.texts)
+        return [without_spans(text, spans) for text, spans in zip(self.texts, self.observation_spans, strict=True)]
 
 
 class Backend(Protocol):

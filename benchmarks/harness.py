@@ -214,10 +214,33 @@ def sample_rows(benchmark: Benchmark, problem: Problem, first: int, generated: G
             "correct": bool(verdict.correct), "outcome": verdict.outcome, "gold": _gold_text(problem),
             "length": int(length), "truncated": bool(truncated), "time": round(time.time(), 3),
         })
+        if generated.tool_stats is not None:
+            rows[-1]["tools"] = tool_row(generated.tool_stats[offset])
     if rows:  # the question once per draw, not n times: a reader of samples.jsonl sees what was asked
         rows[0] = {"benchmark": rows[0]["benchmark"], "problem_id": problem.id, "question": problem.question,
                    **rows[0]}
     return rows
+
+
+def tool_row(stats) -> dict:
+    """A response's use of tools as its sample row keeps it (from engine/rollout/tools ToolStats)."""
+    return {"calls": int(stats.calls), "errors": int(stats.errors), "timeouts": int(stats.timeouts),
+            "observation_tokens": int(stats.observation_tokens), "seconds": round(float(stats.tool_seconds), 3)}
+
+
+def tool_scores(rows: list[dict]) -> dict | None:
+    """The tool columns of a benchmark's scores from its sample rows: calls per response, the share
+    of responses that ran a block, tool errors and time-outs per response (a tool error is context
+    for the model: the answer is graded as usual). None when no response was sampled with tools."""
+    used = [r["tools"] for r in rows if "tools" in r]
+    if not used:
+        return None
+    n = len(used)
+    return {"calls_per_response": sum(t["calls"] for t in used) / n,
+            "used_share": sum(t["calls"] > 0 for t in used) / n,
+            "errors_per_response": sum(t["errors"] for t in used) / n,
+            "timeouts_per_response": sum(t["timeouts"] for t in used) / n,
+            "observation_tokens_per_response": sum(t["observation_tokens"] for t in used) / n}
 
 
 def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> dict:
@@ -245,6 +268,9 @@ def score_benchmark(kind: str, per_problem: list[list[dict]], ks: list[int]) -> 
     if kind != "code":  # a vote over programs means nothing; over final answers it is self-consistency
         votes = [([r["extracted"] for r in rows], [r["correct"] for r in rows]) for rows in per_problem]
         scores["maj@k"] = {str(k): v for k, v in mean_maj_at_k(votes, ks, key=answer_key).items()}
+    tools = tool_scores(every)
+    if tools is not None:
+        scores["tools"] = tools
     return scores
 
 
@@ -353,7 +379,7 @@ def evaluate(backend: Backend, settings: EvalSettings, folder: Path, progress: P
 
     def grade(job: _Job) -> None:
         t0 = time.perf_counter()
-        verdicts = job.benchmark.grade([(job.problem, text) for text in job.generated.texts])
+        verdicts = job.benchmark.grade([(job.problem, text) for text in job.generated.answer_texts])
         t1 = time.perf_counter()
         store.append(sample_rows(job.benchmark, job.problem, job.first, job.generated, verdicts))
         timing.grade_s += t1 - t0

@@ -150,6 +150,15 @@ def test_the_choice_and_what_the_run_says():
 
 # ------------------------------------------------------------ the same numbers in float64
 
+def with_observations(batch):
+    """`batch` with tool observations (docs/tools.md): in every response of at least 10 tokens,
+    columns 3..7 attended but not the policy's (response_mask 0), model tokens on both sides."""
+    long_rows = batch.response_mask.sum(-1) >= 10
+    batch.response_mask[long_rows, 3:7] = 0
+    assert long_rows.sum() >= 2 and batch.observation_lengths.sum() == 4 * long_rows.sum()
+    return batch
+
+
 def forward_grads(model, rows, packing, share, temperature=0.7):
     model.zero_grad(set_to_none=True)
     logp, entropy, _, _ = policy_forward(model, rows.input_ids, rows.attention_mask, rows.prompt_width,
@@ -160,15 +169,17 @@ def forward_grads(model, rows, packing, share, temperature=0.7):
     return logp.detach(), entropy.detach(), grads
 
 
-@pytest.mark.parametrize("share", [False, True])
-@pytest.mark.parametrize("lora", [True, False])
-def test_packed_forward_equals_the_padded_one_with_gradients(share, lora):
+@pytest.mark.parametrize("share,lora,observations", [(False, True, False), (True, True, False), (False, False, False),
+                                                    (True, False, False), (True, True, True), (False, True, True)])
+def test_packed_forward_equals_the_padded_one_with_gradients(share, lora, observations):
     with float64_norms():
         model, tokenizer = lora_policy(seed=7)
         if not lora:
             model = model.merge_and_unload().requires_grad_(True)  # every weight trains
         model.double().train()
         rows = varied_batch(tokenizer)
+        if observations:  # context both ways, no log-prob on them
+            rows = with_observations(rows)
         rows.response_mask = rows.response_mask.double()
         padded, packed = forward_grads(model, rows, PADDED, share), forward_grads(model, rows, PACKED, share)
     mask = rows.response_mask != 0
@@ -224,7 +235,7 @@ def decoder_calls(model):
     return calls, handle
 
 
-def update_with(tmp_path, layout, budget, algo, lora):
+def update_with(tmp_path, layout, budget, algo, lora, observations=False):
     cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=4", "train.micro_batch_size=2",
                       f"algo.name={algo}", "optim.lr=0.05", "optim.warmup_steps=0", f"train.padding_free={layout}",
                       f"train.micro_batch_tokens={budget}", "train.ppo_epochs=2", "train.mini_batch_size=4",
@@ -233,6 +244,8 @@ def update_with(tmp_path, layout, budget, algo, lora):
     model = trainer.unwrapped
     model.double()
     batch = varied_batch(trainer.tokenizer)
+    if observations:
+        batch = with_observations(batch)
     batch.response_mask = batch.response_mask.double()
     score_rollouts(model, batch, 8, with_reference=False)  # the same old log-probs on both sides
     calls, handle = decoder_calls(model)
@@ -241,11 +254,12 @@ def update_with(tmp_path, layout, budget, algo, lora):
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, stats, calls
 
 
-@pytest.mark.parametrize("algo,lora", [("grpo", True), ("dapo", True), ("grpo", False)])
-def test_a_packed_update_equals_the_padded_one(tmp_path, algo, lora):
+@pytest.mark.parametrize("algo,lora,observations", [("grpo", True, False), ("dapo", True, False),
+                                                    ("grpo", False, False), ("dapo", True, True)])
+def test_a_packed_update_equals_the_padded_one(tmp_path, algo, lora, observations):
     with float64_norms():
-        padded, padded_stats, padded_calls = update_with(tmp_path, "false", 0, algo, lora)
-        packed, packed_stats, packed_calls = update_with(tmp_path, "true", 120, algo, lora)
+        padded, padded_stats, padded_calls = update_with(tmp_path, "false", 0, algo, lora, observations)
+        packed, packed_stats, packed_calls = update_with(tmp_path, "true", 120, algo, lora, observations)
     assert padded.keys() == packed.keys() and padded
     for name, value in padded.items():
         assert_equal_in_float64(packed[name], value, name)
@@ -275,10 +289,13 @@ def score_both_ways(make_batch, algo_overrides, hidden_states):
     return out
 
 
-def test_the_packed_scoring_pass_gives_the_padded_values():
-    (padded, padded_calls), (packed, packed_calls) = score_both_ways(varied_batch, None, False)
+@pytest.mark.parametrize("observations", [False, True])
+def test_the_packed_scoring_pass_gives_the_padded_values(observations):
+    make = (lambda tokenizer: with_observations(varied_batch(tokenizer))) if observations else varied_batch
+    (padded, padded_calls), (packed, packed_calls) = score_both_ways(make, None, False)
     for name in ("old_logp", "entropy", "ref_logp"):
         assert_equal_in_float64(getattr(packed, name).double(), getattr(padded, name).double(), name)
+        assert (getattr(packed, name)[packed.observation_mask != 0] == 0).all()  # nothing kept on observations
     assert sum(r * w for r, w in packed_calls) < 0.6 * sum(r * w for r, w in padded_calls)
 
 

@@ -2,9 +2,16 @@
 
 Layout of a batch of B = P * G sequences (groups are contiguous: rows g*G .. g*G+G-1):
   input_ids [B, Lp + R]: the prompt left-padded to Lp, then the response right-padded to R.
-  response_mask [B, R]: 1 on response tokens up to and including the first EOS.
+  response_mask [B, R]: 1 on the policy's own response tokens up to and including the first EOS.
 The logits at column Lp - 1 + j predict response token j, so per-token quantities of the
 response (old log-probs, entropy, ...) are [B, R] tensors.
+
+Responses sampled with tools (docs/tools.md) hold observations: tool output the model read but did
+not write. Their tokens are attended (attention_mask 1) but not the policy's (response_mask 0), as
+verl's response_mask: every loss, ratio, clip fraction, KL, entropy mean and length that reads
+response_mask leaves them out, while the forwards (padded or packed) keep them as context.
+`observation_spans` says where they are in `response_texts`; `answer_texts` is what graders and
+voters read: the text without them, so an answer the tool printed is not the model's answer.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ class Rollouts:
     old_logp: torch.Tensor | None = None  # [B, R]
     ref_logp: torch.Tensor | None = None  # [B, R], reference policy (adapter disabled)
     entropy: torch.Tensor | None = None  # [B, R]
-    sampler_logp: torch.Tensor | None = None  # [B, R], the rollout engine's own log-probs, where it gives them
+    # [B, R], the rollout engine's own log-probs, where it gives them (0.0 on observations)
+    sampler_logp: torch.Tensor | None = None
     # per response [its tokens, L]: logit-lens values the engine recorded (SamplingSettings.lens)
     sampler_lens: list[torch.Tensor] | None = None
     sampler_version: torch.Tensor | None = None  # [B] long: the policy version that sampled each response, where known
@@ -41,6 +49,11 @@ class Rollouts:
     rewards: torch.Tensor | None = None  # [B], after shaping
     advantages: torch.Tensor | None = None  # [B] or [B, R]
     extras: dict[str, Any] = field(default_factory=dict)  # per-response data an algorithm collects
+    # per response: [(start, end), ...] character spans of response_texts that are observations
+    # (tool output); empty when sampled without tools
+    observation_spans: list[list[tuple[int, int]]] = field(default_factory=list)
+    # per response: its use of tools (engine/rollout/tools ToolStats) when sampled with tools; else empty
+    tool_stats: list[Any] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -52,7 +65,28 @@ class Rollouts:
 
     @property
     def response_lengths(self) -> torch.Tensor:
+        """[B] the policy's tokens of each response (observation tokens not counted): the length
+        every algorithm reads (DAPO's overlong shaping, length-normalised losses, the metrics)."""
         return self.response_mask.sum(-1).long()
+
+    @property
+    def observation_mask(self) -> torch.Tensor:
+        """[B, R] float: 1 on observation tokens (attended response tokens the policy did not write)."""
+        attended = self.attention_mask[:, self.prompt_width:].to(self.response_mask.device) != 0
+        return (attended & (self.response_mask == 0)).to(self.response_mask.dtype)
+
+    @property
+    def observation_lengths(self) -> torch.Tensor:
+        """[B] observation tokens of each response (0 without tools)."""
+        return self.observation_mask.sum(-1).long()
+
+    @property
+    def answer_texts(self) -> list[str]:
+        """The responses' texts as graders and voters read them: observation spans removed."""
+        if not self.observation_spans:
+            return list(self.response_texts)
+        return [without_spans(text, spans) for text, spans in zip(self.response_texts, self.observation_spans,
+                                                                  strict=True)]
 
     def groups(self) -> list[slice]:
         """The rows of each group, in order: slice(g*G, g*G + G) for group g."""
@@ -88,6 +122,8 @@ class Rollouts:
 
         def padded(part, name):
             value = getattr(part, name)
+            if name in _TOOL_SIDE and not value:  # a part sampled without tools, beside one with them
+                return [[] if name == "observation_spans" else None for _ in range(part.size)]
             if value is None or name not in _PROMPT_SIDE + _RESPONSE_SIDE:
                 return value
             left = prompt_width - part.prompt_width if name in _PROMPT_SIDE else 0
@@ -111,7 +147,17 @@ class Rollouts:
 # sides, [B, R] tensors on the right; every other per-response field is concatenated as it is.
 _PROMPT_SIDE = ("input_ids", "attention_mask")
 _RESPONSE_SIDE = ("response_ids", "response_mask", "old_logp", "ref_logp", "entropy", "sampler_logp")
+_TOOL_SIDE = ("observation_spans", "tool_stats")
 _PER_RESPONSE = tuple(f.name for f in fields(Rollouts) if f.name not in ("problems", "group_size", "prompt_width"))
+
+
+def without_spans(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` with the character spans `spans` (sorted, not overlapping) cut out."""
+    kept, at = [], 0
+    for start, end in spans:
+        kept.append(text[at:start])
+        at = end
+    return "".join(kept) + text[at:]
 
 
 def group_slices(size: int, group_size: int) -> list[slice]:

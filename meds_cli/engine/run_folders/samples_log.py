@@ -3,7 +3,8 @@
 Every `train.log_samples_every` steps the trainer turns the first groups of the step's batch into
 flat rows (one per response: prompt, gold answer, response, extracted answer, verdict, each reward
 channel as 'reward/<name>', the reward before and after shaping, the advantage, and every
-per-response value an algorithm kept in `rollouts.extras`, such as MEDS's cluster ids), writes
+per-response value an algorithm kept in `rollouts.extras`, such as MEDS's cluster ids; with tools,
+the response's tool use as `tools`), writes
 them to RUN/samples/step_N.jsonl and hands them to the trackers that have tables.
 """
 
@@ -14,6 +15,8 @@ import math
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import tool_row
 
 SAMPLES_DIR = "samples"
 
@@ -83,6 +86,8 @@ def sample_rows(rollouts, step: int, groups: int = 2) -> list[dict]:
             "advantage": _per_response_advantage(rollouts.advantages, rollouts.response_mask, i),
         }
         row.update({name: _plain(values[i]) for name, values in extras.items()})
+        if rollouts.tool_stats and rollouts.tool_stats[i] is not None:  # sampled with tools (docs/tools.md)
+            row["tools"] = tool_row(rollouts.tool_stats[i])  # response_tokens above: the model's own
         rows.append(row)
     return rows
 

@@ -20,11 +20,14 @@ from meds_cli.engine.training.user_rewards import add_channels, user_reward_chan
 
 def reward_rollouts(batch: Rollouts, problems: list, prompts: list[str], group_size: int, task, algorithm,
                     reward_functions: list) -> None:
-    """Fill `batch`'s verdicts, reward channels and rewards (their sum)."""
+    """Fill `batch`'s verdicts, reward channels and rewards (their sum). The task and the user's
+    functions read the responses without their observations (Rollouts.answer_texts): an answer the
+    tool printed is not the model's, and a tool's error message is no answer at all."""
     per_response = [p for p in problems for _ in range(group_size)]
-    batch.verdicts = task.grade(list(zip(per_response, batch.response_texts)))
+    texts = batch.answer_texts
+    batch.verdicts = task.grade(list(zip(per_response, texts)))
     own = user_reward_channels(reward_functions, [q for q in prompts for _ in range(group_size)],
-                               batch.response_texts, per_response)
+                               texts, per_response)
     batch.reward_components = add_channels(algorithm.reward_components(batch), own)
     batch.rewards = sum(batch.reward_components.values())
 

@@ -32,12 +32,34 @@ def rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
         "truncated_share": rollouts.truncated.float().mean().item(),
         "zero_spread_group_share": zero_spread_groups(rollouts.rewards, rollouts.group_size).float().mean().item(),
     }
+    metrics.update(tool_metrics(rollouts.tool_stats))
     for name, values in rollouts.reward_components.items():
         metrics[f"reward/{name}"] = values.float().mean().item()
     metrics["distinct_answers_per_group"] = distinct_answers(rollouts)
     metrics["distinct_wrong_answers_per_group"] = distinct_answers(rollouts, correct=False)
     metrics["distinct_correct_answers_per_group"] = distinct_answers(rollouts, correct=True)
     return metrics
+
+
+def tool_metrics(stats: list) -> dict[str, float]:
+    """A step's use of tools, from each response's ToolStats (engine/rollout/tools; None for a
+    response sampled without tools): calls per response (mean, max), the share of responses that
+    ran a block, errors and time-outs per response, observation tokens per response (the response
+    lengths above count the model's tokens only) and the seconds spent in the sandbox (the sum over
+    responses: their blocks run in parallel, so it can exceed the step's wall clock). {} when no
+    response was sampled with tools."""
+    stats = [s for s in stats if s is not None]
+    if not stats:
+        return {}
+    n = len(stats)
+    calls = [s.calls for s in stats]
+    return {"tools/calls_mean": sum(calls) / n, "tools/calls_max": float(max(calls)),
+            "tools/used_share": sum(c > 0 for c in calls) / n,
+            "tools/errors_mean": sum(s.errors for s in stats) / n,
+            "tools/timeouts_mean": sum(s.timeouts for s in stats) / n,
+            "tools/over_limit_mean": sum(s.over_limit for s in stats) / n,
+            "tools/observation_tokens_mean": sum(s.observation_tokens for s in stats) / n,
+            "tools/seconds": float(sum(s.tool_seconds for s in stats))}
 
 
 def advantage_metrics(advantages: torch.Tensor) -> dict[str, float]:

@@ -97,6 +97,19 @@ def response_logprobs(segments: Sequence[Segment]) -> list[float] | None:
     return values
 
 
+def response_text(segments: Sequence[Segment], decode: Callable[[list[int]], str]) -> tuple[str, list[tuple[int, int]]]:
+    """(the response's text, the character spans of its observations in it): each segment decoded
+    on its own and joined, so the spans are exact (Rollouts.observation_spans; graders read the
+    text without them, Rollouts.answer_texts)."""
+    text, spans = "", []
+    for segment in segments:
+        piece = decode(segment.token_ids)
+        if not segment.from_model:
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, spans
+
+
 @dataclass
 class ToolResponse:
     """One response sampled with tools."""
@@ -116,6 +129,9 @@ class ToolResponse:
 
     def logprobs(self) -> list[float] | None:
         return response_logprobs(self.segments)
+
+    def text(self, decode: Callable[[list[int]], str]) -> tuple[str, list[tuple[int, int]]]:
+        return response_text(self.segments, decode)
 
     def model_ids_since_observation(self) -> list[int]:
         last = self.segments[-1] if self.segments else None
