@@ -154,11 +154,16 @@ def test_the_run_says_its_engine_and_staleness_in_the_header_and_the_final_table
 
 
 def test_the_hf_worker_leaves_no_empty_scratch_folder(tmp_path):
+    import queue
     from types import SimpleNamespace
 
     from meds_cli.engine.rollout.hf_worker import HFWorkerEngine
 
+    def empty_get(timeout=None):
+        raise queue.Empty
+
     stopped = SimpleNamespace(is_alive=lambda: False)
+    drained = SimpleNamespace(get=empty_get, cancel_join_thread=lambda: None)  # the worker's queues, emptied
     for keep in (False, True):
         scratch = tmp_path / f"scratch-{keep}"
         scratch.mkdir()
@@ -166,6 +171,7 @@ def test_the_hf_worker_leaves_no_empty_scratch_folder(tmp_path):
             (scratch / "adapter.safetensors").write_text("x")
         engine = HFWorkerEngine.__new__(HFWorkerEngine)
         engine.process, engine.scratch_dir = stopped, scratch
+        engine.jobs = engine.results = drained
         engine.close()
         assert scratch.exists() == keep
 
