@@ -8,6 +8,7 @@ import logging
 # on an extra (say `evalplus`) names it here, and without it installed only that module is skipped.
 REGISTERING_MODULES: dict[str, tuple[str, ...]] = {
     "benchmarks.tasks": (),
+    "benchmarks.reasoning_gym_task": (),  # imports reasoning_gym only when the task is chosen
     "benchmarks.math_benchmarks": (),
     "benchmarks.code_benchmarks": (),
 }

@@ -33,7 +33,7 @@ from benchmarks.code_rows import row_count_mismatch
 from benchmarks.generation import Backend, Generated, Request
 from benchmarks.paired_stats import mean_interval, per_problem_pass_at_k
 from benchmarks.passk import ks_to_report, mean_maj_at_k, mean_pass_at_k
-from benchmarks.prompts import problem_prompt
+from benchmarks.prompts import STYLES, problem_prompt
 from benchmarks.registry import Benchmark
 from meds_cli.core.errors import UserError
 from meds_cli.core.files import replace_text
@@ -59,7 +59,7 @@ class EvalSettings:
     n: int | None = None  # samples per problem; None: k
     limit: int | None = None
     data_dir: str | None = None
-    prompt: str = "boxed"  # boxed | chat; the command line's 'auto' is resolved before the harness runs
+    prompt: str = "boxed"  # boxed | chat | plain; the command line's 'auto' is resolved before the harness runs
     system_prompt: str = ""  # a run's task.system_prompt
     chat_template_kwargs: dict = field(default_factory=dict)  # a run's task.chat_template_kwargs
     temperature: float = 0.6
@@ -84,8 +84,8 @@ class EvalSettings:
             (self.n is None or self.n >= self.k,
              f"--n ({self.n}) must be at least --k ({self.k}): pass@k needs n >= k samples"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
-            (self.prompt in ("auto", "boxed", "chat"),
-             f"unknown --prompt '{self.prompt}'; accepted: auto, boxed, chat"),
+            (self.prompt in ("auto", *STYLES),
+             f"unknown --prompt '{self.prompt}'; accepted: auto, {', '.join(STYLES)}"),
             (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),

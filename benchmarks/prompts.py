@@ -4,7 +4,12 @@ from meds_cli.core.records import Problem
 
 QWEN_BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = "Write your solution in Python in one ```python code block."
-STYLES = ("boxed", "chat")
+# reasoning-gym's native answer format (task.answer_format answer_tags), asked the way the boxed one is.
+ANSWER_TAGS_INSTRUCTION = "Please reason step by step, and put your final answer between <answer> and </answer> tags."
+# boxed: the instruction, as plain text; chat: the same in the model's chat template; plain: the
+# problem text exactly as written, no instruction and no template (models trained from scratch on
+# bare problems, which know no instruction).
+STYLES = ("boxed", "chat", "plain")
 
 
 def boxed_prompt(question: str) -> str:
@@ -23,7 +28,7 @@ def code_prompt_text(problem: Problem) -> str:
 
 
 def apply_style(text: str, tokenizer, style: str, system_prompt: str = "", template_kwargs: dict | None = None) -> str:
-    """'boxed': the text as it is; 'chat': the text as a user turn of the model's chat template
+    """'boxed' and 'plain': the text as it is; 'chat': the text as a user turn of the model's chat template
     (plain when the tokenizer has no template), after a system turn when `system_prompt` is set,
     with `template_kwargs` passed to the template (e.g. Qwen3's enable_thinking). Without a
     template the system prompt is a line before the text."""
@@ -37,11 +42,23 @@ def apply_style(text: str, tokenizer, style: str, system_prompt: str = "", templ
 
 
 def build_prompt(question: str, tokenizer, style: str, **options) -> str:
-    """The Qwen-Math boxed prompt for a math question, in the given style (options: apply_style's)."""
-    return apply_style(boxed_prompt(question), tokenizer, style, **options)
+    """The Qwen-Math boxed prompt for a math question, in the given style (options: apply_style's);
+    in the plain style the question alone."""
+    return apply_style(question if style == "plain" else boxed_prompt(question), tokenizer, style, **options)
+
+
+def answer_tags_prompt(question: str, tokenizer, style: str, **options) -> str:
+    """The question with the instruction to answer between <answer> tags, in the given style; in
+    the plain style the question alone."""
+    text = question if style == "plain" else f"{question}\n{ANSWER_TAGS_INSTRUCTION}"
+    return apply_style(text, tokenizer, style, **options)
 
 
 def problem_prompt(kind: str, problem: Problem, tokenizer, style: str, **options) -> str:
-    """The prompt for a problem of a benchmark or task of `kind` ('math' or 'code')."""
-    text = code_prompt_text(problem) if kind == "code" else boxed_prompt(problem.question)
+    """The prompt for a problem of a benchmark or task of `kind` ('math' or 'code'); in the plain
+    style the problem text alone."""
+    if style == "plain":
+        text = problem.question
+    else:
+        text = code_prompt_text(problem) if kind == "code" else boxed_prompt(problem.question)
     return apply_style(text, tokenizer, style, **options)

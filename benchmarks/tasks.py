@@ -246,6 +246,9 @@ class HumanEvalPlusTask(CodeTask):
 
 
 def build_task(config, seed: int) -> Task:
+    from benchmarks import load_all
+
+    load_all()  # tasks registered outside this module (reasoning-gym's)
     return TASKS.get(config.name)(config, seed)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from meds_cli import __version__
 from meds_cli.commands.export import export_command
@@ -28,7 +29,8 @@ SlurmExtra = Annotated[Optional[list[str]], typer.Option(
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: rich would take the [gym] of "pip install -e '.[gym]'" for a style.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -187,7 +189,7 @@ def eval_cmd(
         help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
     prompt: Annotated[str, typer.Option(
         help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed "
-             "(Qwen-Math, plain text) or chat.")] = "auto",
+             "(Qwen-Math, plain text), chat, or plain (the problem text alone).")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
     max_new_tokens: Annotated[Optional[int], typer.Option(

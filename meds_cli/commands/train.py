@@ -90,13 +90,15 @@ def refuse_real_model_on_default_task(cfg: RunConfig, chosen: bool) -> None:
 
 
 def task_description(cfg: RunConfig) -> str:
-    """The task's one-line description, with the data it reads where it reads a file or dataset."""
+    """The task's one-line description, with the data it reads where it reads a file or dataset, or
+    the generator and its settings (reasoning-gym)."""
     from benchmarks import load_all
     from benchmarks.registry import TASKS
 
     load_all()
     entry = next(e for e in TASKS.entries() if e.name == cfg.task.name)
-    return entry.description + (f"; data: {cfg.task.path}" if cfg.task.path else "")
+    generator = f"; generator: {cfg.task.dataset} {cfg.task.config or ''}".rstrip() if cfg.task.dataset else ""
+    return entry.description + (f"; data: {cfg.task.path}" if cfg.task.path else "") + generator
 
 
 def model_size(name: str) -> str:

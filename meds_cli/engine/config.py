@@ -22,6 +22,8 @@ import yaml
 
 from algorithms import ALGORITHMS
 from benchmarks.dataset_source import check_columns
+from benchmarks.reasoning_gym_task import TASK_NAME as REASONING_GYM
+from benchmarks.reasoning_gym_task import check_settings as check_reasoning_gym
 from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
@@ -82,14 +84,23 @@ class TaskConfig:
                                      "for Qwen3")
     max_prompt_tokens: int = doc(0, "leave out problems whose prompt has more tokens than this (0: keep all)",
                                  at_least(0))
-    prompt_style: str = choice("chat", ["boxed", "chat"], "boxed: Qwen-Math boxed prompt as plain text; chat: the "
-                               "same inside the model's chat template")
+    prompt_style: str = choice("chat", ["boxed", "chat", "plain"], "boxed: Qwen-Math boxed prompt as plain text; "
+                               "chat: the same inside the model's chat template; plain: the problem text exactly as "
+                               "written, no instruction, no template (models trained from scratch)")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
-    train_size: int = doc(2000, "arithmetic: number of training problems", at_least(1))
+    dataset: str = doc("", "reasoning-gym: the generator, any name of reasoning-gym's registry (chain_sum, "
+                       "basic_arithmetic, countdown, ...)")
+    config: dict = doc({}, "reasoning-gym: the generator's own settings, e.g. {min_terms: 2, max_terms: 4, "
+                       "max_digits: 2} for chain_sum (the seed and size come from the run)")
+    partial_credit: bool = doc(False, "reasoning-gym: a score below 1 from the generator's score_answer is partial "
+                               "credit in the reward (wrong + score x (correct - wrong)); false: only a score of 1 "
+                               "earns reward.correct")
+    train_size: int = doc(2000, "arithmetic, reasoning-gym: number of training problems", at_least(1))
     eval_size: int = doc(64, "held-out problems for evaluation (0: every problem is trained on)", at_least(0))
-    answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer"],
-                                "where the final answer is read from")
+    answer_format: str = choice("boxed_or_last_integer", ["boxed", "boxed_or_last_integer", "answer_tags"],
+                                "where the final answer is read from: the last \\boxed{}, else (boxed_or_last_integer) "
+                                "the last number; answer_tags (reasoning-gym only): the last <answer>...</answer>")
     code_reward: str = choice("all_pass", ["all_pass", "pass_rate"], "code tasks: 1 only when every test passes, "
                               "or the share of tests passed")
 
@@ -100,6 +111,12 @@ class TaskConfig:
         check_columns(self.columns, f"{prefix}columns")
         require(all(isinstance(k, str) for k in self.chat_template_kwargs),
                 f"{prefix}chat_template_kwargs must map argument names to values, got {self.chat_template_kwargs!r}")
+        if self.name == REASONING_GYM:
+            check_reasoning_gym(self.dataset, self.config, prefix)
+        else:
+            require(self.answer_format != "answer_tags", f"{prefix}answer_format=answer_tags is reasoning-gym's format "
+                                                         f"(task.name={REASONING_GYM}); accepted for task "
+                                                         f"'{self.name}': boxed, boxed_or_last_integer")
 
 
 @dataclass
