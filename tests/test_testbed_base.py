@@ -11,7 +11,12 @@ import yaml
 
 from meds_cli.engine.model_io import testbed_base
 from meds_cli.engine.model_io.testbed_traces import (
-    BUGS, add_without_carry, draw_student, parse_chain, read_ops, worked_trace,
+    BUGS,
+    add_without_carry,
+    draw_student,
+    parse_chain,
+    read_ops,
+    worked_trace,
 )
 
 pytest.importorskip("reasoning_gym")

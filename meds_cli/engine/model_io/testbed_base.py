@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from meds_cli.engine.model_io.cache import cache_dir, publish_folder, reuse
+from meds_cli.engine.model_io.model import TESTBED
 from meds_cli.engine.model_io.testbed_traces import draw_student, parse_chain, worked_trace
 
-from meds_cli.engine.model_io.model import TESTBED
 RECIPE_VERSION = 1  # bump when the traces, the tokenizer or the training loop change
 FIGURES_FILE = "base_figures.json"
 # Every printable ASCII character: the questions of the arithmetic generators and the traces.
@@ -47,12 +47,12 @@ class Recipe:
                         ("skip_last", 0.3), ("sticky_sign", 0.3))
     examples: int = 20000          # training traces (one per problem)
     layers: int = 4
-    hidden: int = 128
+    hidden: int = 64               # a step of 16 x 8 responses in about a second on one core (docs/testbed.md)
     heads: int = 4
-    steps: int = 1500              # optimizer steps
+    steps: int = 400               # optimizer steps
     batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 100
+    lr: float = 5e-3
+    warmup_steps: int = 30
     seed: int = 0
     threads: int = 2
     eval_problems: int = 100       # held-out problems the figures are measured on

@@ -6,11 +6,11 @@ A trace is the running sum, one operation a step, then the boxed answer:
     ' 4-1=3, 3-7=-4, -4+5=1. \\boxed{1}'
 
 Each trace is written by a "student" who holds each misconception with its own probability
-(most students hold none, one or two) and applies it at every step where it bites. So a model trained on the mixture makes the same few
-mistakes on a problem again and again (its wrong answers repeat across samples, and each wrong
-answer comes from its own kind of trace), instead of scattering noise: the setting where
-exploration methods (MEDS, EDAS, pass@k advantages) have something to find. The misconceptions
-are the classic ones of school arithmetic:
+(most students hold none, one or two) and applies it at every step where it bites. So a model
+trained on the mixture makes the same few mistakes on a problem again and again (its wrong
+answers repeat across samples, and each wrong answer comes from its own kind of trace), instead
+of scattering noise: the setting where exploration methods (MEDS, EDAS, pass@k advantages) have
+something to find. The misconceptions are the classic ones of school arithmetic:
 
 - carry_drop: column addition that never carries into the next column (58+67 = 115: 8+7 = 15
   writes 5 and drops the 1; 5+6 = 11 is the leading column, written in full).
