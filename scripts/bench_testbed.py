@@ -66,7 +66,7 @@ def main() -> None:
     print(f"base: {folder}")
     print(f"  built in {record['train_seconds']} s of training ({record['recipe']['steps']} steps, "
           f"{record['threads']} threads) + {record['measure_seconds']} s of measuring")
-    print(f"  held-out, {figures['held_out_problems']} problems x {k} samples at temperature 1:")
+    print(f"  held-out, {figures['held_out_problems']} problems x {k} samples at temperature {figures['temperature']}:")
     print(f"  pass@1 {figures['pass@1']:.3f}   pass@{k} {figures[f'pass@{k}']:.3f}   "
           f"(gap {figures[f'pass@{k}'] - figures['pass@1']:+.3f})")
     print(f"  distinct wrong answers per group of 8: {figures['distinct_wrong_per_8']:.2f}")

@@ -137,6 +137,7 @@ def test_testbed_config_trains_the_base_recipe_task():
     assert config["model"]["name"] == "testbed-base"
     assert config["task"]["dataset"] == recipe.dataset
     assert config["task"]["config"] == dict(recipe.task_config)
+    assert config["rollout"]["temperature"] == recipe.temperature  # the base's figures hold at the RL sampling
     assert {name for name, _ in recipe.bug_rates} <= set(BUGS)
 
 

@@ -55,8 +55,9 @@ class Recipe:
     warmup_steps: int = 30
     seed: int = 0
     threads: int = 2
-    eval_problems: int = 100       # held-out problems the figures are measured on
+    eval_problems: int = 50        # held-out problems the figures are measured on
     eval_samples: int = 64         # samples per held-out problem (pass@1 .. pass@eval_samples)
+    temperature: float = 0.7       # the sampling temperature of the figures: configs/testbed.yaml's rollouts
     max_new_tokens: int = 64
 
     def key(self) -> str:
@@ -166,14 +167,14 @@ def train_base(recipe: Recipe, tokenizer, progress=None) -> tuple:
 
 @torch.no_grad()
 def sample_answers(model, tokenizer, prompts: list[str], samples: int, max_new_tokens: int, seed: int,
-                   batch_rows: int = 512) -> list[list[str]]:
-    """`samples` responses per prompt at temperature 1, as the RL rollouts sample."""
+                   temperature: float, batch_rows: int = 512) -> list[list[str]]:
+    """`samples` responses per prompt at `temperature` (no top-p, no top-k), as the RL rollouts sample."""
     torch.manual_seed(seed)
     flat = [p for p in prompts for _ in range(samples)]
     texts = []
     for start in range(0, len(flat), batch_rows):
         batch = tokenizer(flat[start:start + batch_rows], return_tensors="pt", padding=True, add_special_tokens=False)
-        out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        out = model.generate(**batch, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
                              max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
         texts += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return [texts[i * samples:(i + 1) * samples] for i in range(len(prompts))]
@@ -191,7 +192,7 @@ def held_out_figures(recipe: Recipe, model, tokenizer) -> dict:
     items = held_out_items(recipe)
     scorer = reasoning_gym.create_dataset(recipe.dataset, size=1, seed=0, **dict(recipe.task_config))
     responses = sample_answers(model, tokenizer, [item["question"] for item in items], recipe.eval_samples,
-                               recipe.max_new_tokens, recipe.seed)
+                               recipe.max_new_tokens, recipe.seed, recipe.temperature)
     k, group = recipe.eval_samples, 8
     pass1 = passk = 0.0
     distinct, boxed = [], 0
@@ -206,7 +207,8 @@ def held_out_figures(recipe: Recipe, model, tokenizer) -> dict:
                      if not ok} - {None}
             distinct.append(len(wrong))
     n = len(items)
-    return {"held_out_problems": n, "samples_per_problem": k, "pass@1": pass1 / n, f"pass@{k}": passk / n,
+    return {"held_out_problems": n, "samples_per_problem": k, "temperature": recipe.temperature,
+            "pass@1": pass1 / n, f"pass@{k}": passk / n,
             "distinct_wrong_per_8": sum(distinct) / max(1, len(distinct)),
             "boxed_share": boxed / (n * k), "example": responses[0][0] if responses else ""}
 
@@ -245,7 +247,8 @@ def describe(record: dict) -> str:
     f = record["figures"]
     k = f["samples_per_problem"]
     return (f"trained {record['recipe']['steps']} steps in {record['train_seconds']} s on {record['threads']} threads; "
-            f"held-out ({f['held_out_problems']} problems x {k} samples): pass@1 {f['pass@1']:.3f}, "
+            f"held-out ({f['held_out_problems']} problems x {k} samples at temperature {f['temperature']}): "
+            f"pass@1 {f['pass@1']:.3f}, "
             f"pass@{k} {f[f'pass@{k}']:.3f}, distinct wrong answers per 8 {f['distinct_wrong_per_8']:.2f}")
 
 
