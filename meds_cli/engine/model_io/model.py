@@ -21,10 +21,10 @@ import yaml
 
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, is_hex_key, publish_folder, reuse
+from meds_cli.engine.model_io.testbed_base import TESTBED, base_folder
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
-TESTBED = "testbed-base"
 ALIASES_FILE = Path(__file__).resolve().parents[3] / "configs" / "models.yaml"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -113,8 +113,6 @@ def resolve_model(name: str) -> str:
     if name == EMBEDDED:
         return str(dequantized_copy(embedded_gguf()))
     if name == TESTBED:
-        from meds_cli.engine.model_io.testbed_base import base_folder
-
         return str(base_folder())
     precheck_model(name)
     path = Path(name).expanduser()

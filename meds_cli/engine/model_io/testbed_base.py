@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from meds_cli.engine.model_io.cache import cache_dir, publish_folder, reuse
-from meds_cli.engine.model_io.model import TESTBED
 from meds_cli.engine.model_io.testbed_traces import draw_student, parse_chain, worked_trace
 
+TESTBED = "testbed-base"  # the --model name
 RECIPE_VERSION = 1  # bump when the traces, the tokenizer or the training loop change
 FIGURES_FILE = "base_figures.json"
 # Every printable ASCII character: the questions of the arithmetic generators and the traces.
