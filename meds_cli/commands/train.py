@@ -20,7 +20,7 @@ from meds_cli.core.cpu_budget import configure_torch_threads
 from meds_cli.core.errors import UserError, storage_error
 from meds_cli.core.library_warnings import route_library_warnings
 from meds_cli.engine.config import RunConfig, dump_yaml, load_config, parse_override, read_yaml
-from meds_cli.engine.model_io.model import EMBEDDED, TINY, check_lora_rank, precheck_model
+from meds_cli.engine.model_io.model import EMBEDDED, TESTBED, TINY, check_lora_rank, precheck_model
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.checkpoint_store import find_usable_checkpoint
 from meds_cli.engine.run_folders.resume import config_changes, describe_changes, record_resume, refuse_fixed_changes
@@ -110,6 +110,13 @@ def model_size(name: str) -> str:
 
     if name == TINY:
         return "the tiny test model (a few thousand parameters)"
+    if name == TESTBED:  # a dry run builds nothing: where the base is, or will be
+        from meds_cli.engine.model_io.cache import is_complete
+        from meds_cli.engine.model_io.testbed_base import TESTBED_RECIPE
+
+        folder = TESTBED_RECIPE.folder()
+        return (f"the testbed base, cached in {folder}" if is_complete(folder)
+                else f"the testbed base, not built yet: the run builds it into {folder} (minutes)")
     path = Path(name).expanduser()
     if name == EMBEDDED:
         path = embedded_gguf()
