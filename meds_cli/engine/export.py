@@ -26,7 +26,7 @@ from pathlib import Path
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.hub import hub_reachable
-from meds_cli.engine.model_io.model import EMBEDDED, TINY, load_model_and_tokenizer, resolve_model
+from meds_cli.engine.model_io.model import EMBEDDED, TESTBED, TINY, load_model_and_tokenizer, resolve_model
 from meds_cli.engine.model_io.model_card import CardInfo, model_card, read_evals
 from meds_cli.engine.run_folders import run_dir as runs
 
@@ -65,8 +65,8 @@ def check_hub_reachable(repo: str) -> None:
 
 def describe_base(model_name: str) -> tuple[str | None, str | None]:
     """(hub id, the user's own model folder) of a run's base model; both None for a model that
-    meds built or converted itself (tiny-llama, the embedded SmolLM2, a .gguf file)."""
-    if model_name in (TINY, EMBEDDED) or model_name.endswith(".gguf"):
+    meds built or converted itself (tiny-llama, the embedded SmolLM2, the testbed base, a .gguf file)."""
+    if model_name in (TINY, EMBEDDED, TESTBED) or model_name.endswith(".gguf"):
         return None, None
     source = resolve_model(model_name)
     if Path(source).expanduser().is_dir():

