@@ -4,7 +4,10 @@ pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, one-error gr
 eigen ratio and MEDS's clusters per step, every arm on one panel each) in the ablation folder.
 Each variant is also compared with the baseline problem by problem (benchmarks/paired_compare.py):
 a verdict per benchmark in the terminal, summary.md and summary.json, per-problem differences in
-problem_deltas.csv, paired_differences.png.
+problem_deltas.csv, paired_differences.png. Where the grid has the base-model arm (an arm of
+train.steps 0: the base model evaluated as is, `base_model: true`), every trained arm is compared
+with it too (did training raise pass@1, did it lower pass@k at the largest k), and it is not
+compared with the baseline a second time (baseline vs base model is among those).
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the diversity diagnostics every algorithm logs (engine/training/diversity.py: distinct wrong
@@ -209,6 +212,8 @@ def setup_text(cfg, overrides: dict) -> str:
     a table (the report's, the dry run's) shows an arm on GRPO beside one on DAPO."""
     from algorithms import ALGORITHMS
 
+    if cfg.train.steps == 0:
+        return f"{cfg.model.name}, untrained (train.steps=0)"
     cls = ALGORITHMS.get(cfg.algo.name)
     own = cls.key_settings(cfg.algorithms[cfg.algo.name])
     settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
@@ -343,26 +348,36 @@ def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
 # ---------------------------------------------------------------- the report
 
 
+def untrained_groups(variants) -> list[str]:
+    """The groups of the base-model arm (train.steps 0): the model the others started from."""
+    from meds_cli.commands.ablate import trains
+
+    return list(dict.fromkeys(v.group for v in variants if not trains(v.overrides)))
+
+
 def baseline_group(variants) -> str:
-    """The group every other is compared with: the baseline run of the base algorithm, else the first."""
-    groups = list(dict.fromkeys(v.group for v in variants))
+    """The group every other is compared with: the baseline run of the base algorithm, else the
+    first trained group (the base-model arm is compared with in its own right)."""
+    untrained = untrained_groups(variants)
+    groups = [g for g in dict.fromkeys(v.group for v in variants) if g not in untrained] or untrained
     return next((g for g in groups if g.startswith("baseline-")), groups[0])
 
 
 def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
-    """Each variant group against the baseline group, paired seed by seed (the seeds both ran) and
-    problem by problem: benchmarks/paired_compare.py's comparisons."""
-    base = baseline_group(variants)
+    """Each trained variant group against the baseline group, then against the base-model arm where
+    the grid has one, paired seed by seed (the seeds both ran) and problem by problem:
+    benchmarks/paired_compare.py's comparisons."""
+    base, untrained = baseline_group(variants), untrained_groups(variants)
     by_group: dict[str, dict] = {}
     for v in variants:
         by_group.setdefault(v.group, {})[v.seed] = paths[v.name]
+    pairs = [(group, base) for group in by_group if group != base and group not in untrained]
+    pairs += [(group, start) for start in untrained for group in by_group if group not in untrained]
     comparisons = []
-    for group, evals in by_group.items():
-        if group == base:
-            continue
-        seeds = [s for s in evals if s in by_group[base]]
-        comparisons.append(compare_arms(Arm(group, [evals[s] for s in seeds]),
-                                        Arm(base, [by_group[base][s] for s in seeds])))
+    for group, other in pairs:
+        seeds = [s for s in by_group[group] if s in by_group[other]]
+        comparisons.append(compare_arms(Arm(group, [by_group[group][s] for s in seeds]),
+                                        Arm(other, [by_group[other][s] for s in seeds])))
     return comparisons
 
 

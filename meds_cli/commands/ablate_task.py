@@ -166,6 +166,7 @@ def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
 
 def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     """Train and evaluate one task; an error leaves its last line in the folder, then goes on up."""
+    from meds_cli.commands.ablate import trains
     from meds_cli.commands.ablate_eval import evaluate_variant
 
     folder = Path(folder)
@@ -177,7 +178,8 @@ def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     clear_error(folder)
     try:
         check_config(folder, variant["name"], variant["overrides"])
-        train_task(folder, record["steps"], console, quiet, list(argv))
+        if trains(variant["overrides"]):  # the base-model arm (train.steps 0) is evaluated as is
+            train_task(folder, record["steps"], console, quiet, list(argv))
         evaluate_variant(folder, eval_settings_of(record), console, record.get("eval_max_new_tokens"))
     except Exception as error:
         text = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"

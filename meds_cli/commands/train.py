@@ -292,6 +292,9 @@ def _train(plan: RunPlan, step: int | None, accelerator, console: Console, argv,
     console.print(f"run folder: [bold]{plain(run_dir)}[/]  algorithm: {plain(cfg.algo.name)}  "
                   f"model: {plain(cfg.model.name)}  task: {plain(cfg.task.name)}  {plain(engine_text(cfg))}",
                   soft_wrap=True)
+    if cfg.train.steps == 0:
+        console.print(f"train.steps is 0: nothing to train; `meds eval {plain(run_dir)}` evaluates the base model")
+        return 0
     if trainer.step >= cfg.train.steps:
         console.print(f"the run is already at step {trainer.step} of {cfg.train.steps}; pass --steps N to go further")
         return 0
