@@ -47,6 +47,12 @@ def test_base_model_flag_and_bad_grid_value(tmp_path):
     grid.write_text("algos: [grpo]\nbase_model: yes please\n")
     with pytest.raises(UserError, match="base_model must be true or false"):
         plan(grid_file=grid)
+    grid.write_text("algos: [grpo, dapo]\ncompare: [[dapo, grpoo]]\n")
+    with pytest.raises(UserError, match="compare: no arm named 'grpoo'.*did you mean 'grpo'"):
+        plan(grid_file=grid)
+    grid.write_text("algos: [grpo, dapo]\ncompare: [dapo, grpo]\n")
+    with pytest.raises(UserError, match="compare must be a list of pairs"):
+        plan(grid_file=grid)
 
 
 def test_a_run_of_zero_steps_is_its_base_model(tmp_path):
@@ -63,9 +69,10 @@ def test_a_run_of_zero_steps_is_its_base_model(tmp_path):
 
 def test_base_model_arm_end_to_end(tmp_path):
     folder = tmp_path / "abl"
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("algos: [grpo, w-reinforce, nsr]\nbase_model: true\ncompare: [[nsr, w-reinforce]]\nseeds: [0]\n")
     sets = sum((["--set", s] for s in TINY_SETS + ["algo.base=grpo"]), [])
-    args = ["ablate", *sets, "--algos", "grpo,w-reinforce", "--base-model", "--seeds", "0", "--steps", "2",
-            "--output", str(folder), "--k", "2", "-q"]
+    args = ["ablate", *sets, "--grid", str(grid), "--steps", "2", "--output", str(folder), "--k", "2", "-q"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     base = folder / "base-model_seed-0"
@@ -75,19 +82,25 @@ def test_base_model_arm_end_to_end(tmp_path):
     assert json.loads((base / "eval" / "heldout" / "results.json").read_text())["average"]["pass@k"].keys() == {
         "1", "2"}
     summary = json.loads((folder / "summary.json").read_text())
-    assert [r["variant"] for r in summary["rows"]] == ["base-model", "grpo", "w-reinforce"]
+    assert [r["variant"] for r in summary["rows"]] == ["base-model", "grpo", "w-reinforce", "nsr"]
     row = summary["rows"][0]
     assert row["setup"] == "tiny-llama, untrained (train.steps=0)" and row["pass@1"] is not None
     assert row["time_per_step_s"] is None and row["final_reward"] is None
     assert summary["runs"]["base-model_seed-0"]["pass_at_k_curve"]  # its curve in pass_at_k.png
-    # each trained arm against the baseline (the first trained arm), then against the base model
+    # each trained arm against the baseline (the first trained arm), then against the base model, then
+    # the grid's compare pairs
     pairs = [(c["a"], c["b"]) for c in summary["paired"]]
-    assert pairs == [("w-reinforce", "grpo"), ("grpo", "base-model"), ("w-reinforce", "base-model")]
+    assert pairs == [("w-reinforce", "grpo"), ("nsr", "grpo"), ("grpo", "base-model"), ("w-reinforce", "base-model"),
+                     ("nsr", "base-model"), ("nsr", "w-reinforce")]
+    assert json.loads((folder / "tasks.json").read_text())["compare"] == [["nsr", "w-reinforce"]]
     report = (folder / "summary.md").read_text()
     assert "| base-model | 1 | tiny-llama, untrained (train.steps=0) |" in report
     assert "grpo - base-model heldout-copy pass@1" in report
     again = runner.invoke(app, args)
-    assert again.exit_code == 0 and again.output.count("finished, skipped") == 3, again.output
+    assert again.exit_code == 0 and again.output.count("finished, skipped") == 4, again.output
+    collected = runner.invoke(app, ["ablate", "--collect", str(folder)])  # the pairs come from tasks.json
+    assert collected.exit_code == 0, collected.output
+    assert [(c["a"], c["b"]) for c in json.loads((folder / "summary.json").read_text())["paired"]] == pairs
 
 
 def test_dry_run_estimate_counts_only_trained_arms(tmp_path, monkeypatch):

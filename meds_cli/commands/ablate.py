@@ -23,6 +23,7 @@ Grid file:
     seeds: [0, 1]                     # optional; every variant once per seed
     baseline: true                    # optional (default true); with algos: the baseline's name
     base_model: true                  # optional (default false): the base model itself, untrained, as an arm
+    compare: [[meds-random, meds]]    # optional: pairs of arms (groups) compared too, besides the baseline
     algos: [dapo, meds, passk]        # optional: algorithms / presets as variants (then no MEDS default)
     slurm: {partition: gpu, time: "4:00:00", gpus-per-task: 1}   # optional: --launcher slurm's settings
 """
@@ -47,7 +48,7 @@ from meds_cli.engine.config import load_config, read_yaml
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "slurm")  # slurm: ablate_launch.py
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "compare", "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
 # The arm `base_model: true` (or --base-model) adds: the base config's model evaluated as it is. It
 # trains 0 steps (train.steps 0: `meds eval` of such a run evaluates its base model), so every arm is
@@ -74,6 +75,7 @@ class Grid:
     algos: list = field(default_factory=list)  # algorithm / preset names, each a variant (ablate_grid.py)
     baseline_name: str | None = None  # with algos: the variant the others are compared with
     base_model: bool = False  # the untrained base model as an arm (BASE_MODEL_ARM)
+    compare: list = field(default_factory=list)  # [[arm, other arm]]: paired comparisons besides the baseline
 
 
 # ---------------------------------------------------------------- the grid
@@ -128,7 +130,12 @@ def read_grid(path: Path) -> Grid:
     if not isinstance(base_model, bool):
         raise UserError(f"grid '{path}': base_model must be true or false (the untrained base model as an arm); "
                         f"got {base_model!r}")
-    return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
+    compare = data.get("compare") or []
+    if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
+                                                and all(isinstance(n, str) for n in pair) for pair in compare):
+        raise UserError(f"grid '{path}': compare must be a list of pairs of arm names, e.g. [[meds-random, meds]]; "
+                        f"got {compare!r}")
+    return Grid(axes=dict(axes), compare=[list(pair) for pair in compare], variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
                 baseline=bool(baseline), config=[str(path.parent / f) for f in files],
                 set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)],
                 algos=read_algos(data["algos"], f"grid '{path}'") if data.get("algos") is not None else [],
@@ -231,6 +238,7 @@ class Plan:
     variants: list[Variant]
     steps: int
     notes: list[str] = field(default_factory=list)  # folder names that had to change (folder_names)
+    compare: list = field(default_factory=list)  # the grid's extra pairs of arms (groups) to compare
 
 
 def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output,
@@ -248,7 +256,13 @@ def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, see
     for variant in variants:  # every variant's config and algorithm settings are checked before anything trains
         build_algorithm(load_config(files, base_sets + variant_sets(variant)))
     folder = Path(output) if output else Path(base.train.runs_root) / f"ablate-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Plan(folder, files, base_sets, variants, base.train.steps, notes)
+    groups = list(dict.fromkeys(v.group for v in variants))
+    for pair in grid.compare:
+        for name in pair:
+            if name not in groups:
+                raise UserError(f"compare: no arm named '{name}' in the grid{nearest(name, groups)}; its arms: "
+                                f"{', '.join(groups)}")
+    return Plan(folder, files, base_sets, variants, base.train.steps, notes, grid.compare)
 
 
 def read_state(path: Path) -> dict:
@@ -348,7 +362,7 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
         console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue",
                       soft_wrap=True)
         raise
-    return report(plan.folder, plan.variants, eval_settings, console)
+    return report(plan.folder, plan.variants, eval_settings, console, compare=plan.compare)
 
 
 def collect_report(folder: Path, console) -> dict:
@@ -359,7 +373,8 @@ def collect_report(folder: Path, console) -> dict:
     record = read_tasks(folder)  # checked: every variant a folder inside DIR
     variants = [Variant(item["name"], item["group"], item["overrides"], item.get("seed"))
                 for item in record["variants"]]
-    return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)))
+    return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)),
+                  compare=record.get("compare", []))
 
 
 # ---------------------------------------------------------------- dry run

@@ -7,7 +7,8 @@ a verdict per benchmark in the terminal, summary.md and summary.json, per-proble
 problem_deltas.csv, paired_differences.png. Where the grid has the base-model arm (an arm of
 train.steps 0: the base model evaluated as is, `base_model: true`), every trained arm is compared
 with it too (did training raise pass@1, did it lower pass@k at the largest k), and it is not
-compared with the baseline a second time (baseline vs base model is among those).
+compared with the baseline a second time (baseline vs base model is among those). A grid's
+`compare:` pairs (e.g. MEDS with random clusters against MEDS) are compared last.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the diversity diagnostics every algorithm logs (engine/training/diversity.py: distinct wrong
@@ -363,16 +364,17 @@ def baseline_group(variants) -> str:
     return next((g for g in groups if g.startswith("baseline-")), groups[0])
 
 
-def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
+def paired_against_baseline(variants, paths: dict[str, Path], compare=()) -> list[dict]:
     """Each trained variant group against the baseline group, then against the base-model arm where
-    the grid has one, paired seed by seed (the seeds both ran) and problem by problem:
-    benchmarks/paired_compare.py's comparisons."""
+    the grid has one, then the grid's `compare` pairs (arms that finished), paired seed by seed (the
+    seeds both ran) and problem by problem: benchmarks/paired_compare.py's comparisons."""
     base, untrained = baseline_group(variants), untrained_groups(variants)
     by_group: dict[str, dict] = {}
     for v in variants:
         by_group.setdefault(v.group, {})[v.seed] = paths[v.name]
     pairs = [(group, base) for group in by_group if group != base and group not in untrained]
     pairs += [(group, start) for start in untrained for group in by_group if group not in untrained]
+    pairs += [tuple(pair) for pair in compare if set(pair) <= set(by_group) and tuple(pair) not in pairs]
     comparisons = []
     for group, other in pairs:
         seeds = [s for s in by_group[group] if s in by_group[other]]
@@ -389,7 +391,7 @@ def unfinished_lines(unfinished: dict[str, dict]) -> list[str]:
 
 
 def write_report(folder: Path, variants, paths: dict[str, Path], console,
-                 unfinished: dict[str, dict] | None = None) -> dict:
+                 unfinished: dict[str, dict] | None = None, compare=()) -> dict:
     """The report of the finished `variants`, `paths` their results files by name; `unfinished`
     {name: {state, last_line}} names the tasks that failed or have not finished (summary.md,
     summary.json and the terminal)."""
@@ -412,7 +414,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     for row in rows:
         row["setup"] = setups[row["variant"]]
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
-    comparisons = paired_against_baseline(variants, paths)
+    comparisons = paired_against_baseline(variants, paths, compare)
     (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +
                                        "\nmean ± std over seeds; reward, distinct wrong / correct answers per group, "
                                        "one-error groups (share of the groups with two or more wrong answers whose "

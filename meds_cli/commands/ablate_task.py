@@ -44,7 +44,7 @@ def write_tasks(plan, eval_settings: EvalSettings, variant_sets, eval_length: in
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings), "eval_max_new_tokens": eval_length,
-              "variants": [dataclasses.asdict(v) for v in plan.variants]}
+              "variants": [dataclasses.asdict(v) for v in plan.variants], "compare": plan.compare}
     replace_text(plan.folder / TASKS_FILE, json.dumps(record, indent=2) + "\n")
     for variant in plan.variants:
         config = plan.folder / variant.name / "config.yaml"
@@ -80,6 +80,11 @@ def read_tasks(folder: Path) -> dict:
         child(folder, item["name"], f"'{path}'")
     names = [item["name"] for item in variants]
     require(len(set(names)) == len(names), path, "names a variant twice")
+    compare = record.get("compare", [])
+    groups = {item["group"] for item in variants}
+    require(isinstance(compare, list) and all(isinstance(pair, list) and len(pair) == 2 and set(pair) <= groups
+                                              for pair in compare), path,
+            f"has compare = {compare!r}, not pairs of its arms")
     eval_settings_of(record, path)
     return record
 
