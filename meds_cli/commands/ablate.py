@@ -48,7 +48,8 @@ from meds_cli.engine.config import load_config, read_yaml
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "compare", "slurm")  # slurm: ablate_launch.py
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "compare",
+             "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
 # The arm `base_model: true` (or --base-model) adds: the base config's model evaluated as it is. It
 # trains 0 steps (train.steps 0: `meds eval` of such a run evaluates its base model), so every arm is
@@ -135,7 +136,8 @@ def read_grid(path: Path) -> Grid:
                                                 and all(isinstance(n, str) for n in pair) for pair in compare):
         raise UserError(f"grid '{path}': compare must be a list of pairs of arm names, e.g. [[meds-random, meds]]; "
                         f"got {compare!r}")
-    return Grid(axes=dict(axes), compare=[list(pair) for pair in compare], variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
+    return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
+                compare=[list(pair) for pair in compare],
                 baseline=bool(baseline), config=[str(path.parent / f) for f in files],
                 set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)],
                 algos=read_algos(data["algos"], f"grid '{path}'") if data.get("algos") is not None else [],

@@ -137,7 +137,8 @@ def canonical_model_name(name: str) -> tuple[str, str | None]:
 def hub_lookup_note(name: str) -> str | None:
     """For a (canonical) --model value that is neither a built-in name, an alias nor a local path:
     the line saying it will be looked up on the model hub; None for the others."""
-    if name in (TINY, EMBEDDED, TESTBED, *model_aliases()) or name.endswith(".gguf") or Path(name).expanduser().exists():
+    if name in (TINY, EMBEDDED, TESTBED, *model_aliases()) or name.endswith(".gguf") \
+            or Path(name).expanduser().exists():
         return None
     return (f"--model '{name}' is neither a name from `meds list` nor a local folder: it will be looked up on the "
             "model hub (or its local cache) when the model loads")
