@@ -41,7 +41,8 @@ def child_cpu(command: list[str]) -> float:
 
 
 def main() -> None:
-    from meds_cli.commands.ablate import make_plan, trains, variant_sets
+    from meds_cli.commands.ablate import make_plan, variant_sets
+    from meds_cli.commands.ablate_grid import trains
     from meds_cli.engine.config import load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

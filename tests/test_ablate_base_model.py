@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from meds_cli.app import app
-from meds_cli.commands.ablate import BASE_MODEL_ARM, trains, variant_sets
+from meds_cli.commands.ablate import variant_sets
+from meds_cli.commands.ablate_grid import BASE_MODEL_ARM, trains
 from meds_cli.commands.eval import default_output, model_for_run
 from meds_cli.core.errors import UserError
 from meds_cli.engine.config import dump_yaml, load_config

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
+from meds_cli.commands.ablate_grid import BASE_MODEL_ARM, algorithm_variants, read_algos, trains
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.markup import plain
@@ -51,10 +51,6 @@ SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds
 GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "compare",
              "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
-# The arm `base_model: true` (or --base-model) adds: the base config's model evaluated as it is. It
-# trains 0 steps (train.steps 0: `meds eval` of such a run evaluates its base model), so every arm is
-# compared with the model it started from (ablate_report.py), seed by seed on the seed's held-out split.
-BASE_MODEL_ARM = ("base-model", {"train.steps": 0})
 
 
 @dataclass
@@ -216,12 +212,6 @@ def expand(grid: Grid, baseline_algo: str | None, notes: list[str] | None = None
         return [Variant(name, name, overrides) for name, overrides in groups]
     return [Variant(f"{name}_seed-{s}", name, {**overrides, "train.seed": s}, s) for name, overrides in groups
             for s in grid.seeds]
-
-
-def trains(overrides: dict) -> bool:
-    """Whether a variant (its overrides) trains at all: an arm of train.steps 0 is its base model,
-    evaluated as is."""
-    return overrides.get("train.steps") != 0
 
 
 def variant_sets(variant: Variant) -> list[str]:

@@ -351,7 +351,7 @@ def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
 
 def untrained_groups(variants) -> list[str]:
     """The groups of the base-model arm (train.steps 0): the model the others started from."""
-    from meds_cli.commands.ablate import trains
+    from meds_cli.commands.ablate_grid import trains
 
     return list(dict.fromkeys(v.group for v in variants if not trains(v.overrides)))
 

@@ -171,8 +171,8 @@ def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
 
 def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     """Train and evaluate one task; an error leaves its last line in the folder, then goes on up."""
-    from meds_cli.commands.ablate import trains
     from meds_cli.commands.ablate_eval import evaluate_variant
+    from meds_cli.commands.ablate_grid import trains
 
     folder = Path(folder)
     record = read_tasks(folder.parent)
