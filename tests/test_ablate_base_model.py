@@ -36,6 +36,8 @@ def test_study_grid_expands_to_the_arms_of_issue_52():
     for name in ("meds", "edas", "nsr", "meds-random"):  # the shaping arms sit on the baseline, DAPO
         assert configs[name].algo.base in ("", "dapo"), name
     assert configs["meds"].section("meds").features == "logits"
+    # one probe for every arm's eigen ratio: MEDS's own layers, so MEDS's arms log it too
+    assert all(c.train.diversity_layers == configs["meds"].section("meds").layers for c in configs.values())
     assert configs["grpo"].train.seed == 3 and configs["base-model"].train.seed == 3  # same held-out split
 
 
