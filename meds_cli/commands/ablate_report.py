@@ -336,12 +336,14 @@ def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> Non
 
 
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
-    """pass@k against k (log scale), mean over seeds with error bars of one std."""
+    """pass@k against k (log scale), mean over seeds with error bars of one std; the base-model
+    arm, where there is one, a black dashed line: the curve every trained arm reads against."""
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    colours = arm_colours(variants)
+    colours, untrained = arm_colours(variants), untrained_groups(variants)
     for group, (ks, mean, std) in curves_over_seeds(variants, results, "pass_at_k_curve").items():
         if ks:
-            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, color=colours[group])
+            style = {"color": "black", "linestyle": "--"} if group in untrained else {"color": colours[group]}
+            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, **style)
     ax.set_xscale("log", base=2)
     _save(fig, ax, path, "k", "pass@k", "pass@k per variant (mean over seeds, bars: one std)")
 
