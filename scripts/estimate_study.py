@@ -2,8 +2,9 @@
 arm and one eval at a reduced size, printed:
 
 - per arm (seed 0 of the grid, `--steps` steps, one thread as each of `--jobs` grid tasks runs): CPU
-  seconds per training step (the child's user + system time, less the same process's cost with
-  0 steps: start-up and model loading), and the median wall time of a step from its metrics.jsonl;
+  seconds per training step (the child's user + system time, less a process's start-up and model
+  loading, measured as an eval of one problem once), and the median wall time of a step from its
+  metrics.jsonl;
 - one held-out eval of the base model at the grid's k (`--k`, 64) on `--eval-limit` problems, its
   CPU seconds, extrapolated linearly to the task's held-out split (task.eval_size);
 - the grid's total: every task's start-up + steps x CPU per step + eval, over `--jobs` cores.
@@ -67,21 +68,21 @@ def main() -> None:
             return [*meds, "train", *sum((["-c", c] for c in plan.config_files), []),
                     *sum((["--set", s] for s in sets), []), "--output", str(Path(tmp) / name), "--quiet"]
 
-        base = next(iter(first.values()))
-        start_cpu = child_cpu(train_command(base, 0, "start"))  # start-up and model loading, no step
-        print(f"start-up and model loading: {start_cpu:.1f} CPU s")
+        cpus = {group: child_cpu(train_command(variant, args.steps, group)) for group, variant in first.items()
+                if trains(variant.overrides)}
+        trained_run = Path(tmp) / next(iter(cpus))
+        # start-up and model loading: a process that loads the model and answers one problem once
+        start_cpu = child_cpu([*meds, "eval", str(trained_run), "--benchmarks", "heldout", "--k", "1", "--limit", "1",
+                               "--output", str(Path(tmp) / "start")])
+        print(f"start-up and model loading: {start_cpu:.1f} CPU s (an eval of one problem once)")
         per_step = {}
-        for group, variant in first.items():
-            if not trains(variant.overrides):
-                continue
-            cpu = child_cpu(train_command(variant, args.steps, group))
+        for group, cpu in cpus.items():
             rows = [json.loads(line) for line in (Path(tmp) / group / "metrics.jsonl").read_text().splitlines()]
             per_step[group] = max(cpu - start_cpu, 0.0) / args.steps
             wall = statistics.median(r["time_step_s"] for r in rows)
             rounds = statistics.mean(r.get("generation_rounds", 1) for r in rows)
             print(f"{group:12s} {per_step[group]:6.2f} CPU s/step  (median wall {wall:.2f} s/step, "
                   f"{rounds:.1f} generation rounds a step, {args.steps} steps)")
-        trained_run = Path(tmp) / next(iter(per_step))
         eval_cpu = child_cpu([*meds, "eval", str(trained_run), "--benchmarks", "heldout", "--k", str(args.k),
                               "--limit", str(args.eval_limit), "--temperature", str(args.temperature),
                               "--output", str(Path(tmp) / "eval")])
