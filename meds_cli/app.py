@@ -275,6 +275,9 @@ def ablate(
     seeds: Annotated[Optional[str], typer.Option(
         help="Comma-separated seeds; every variant runs once per seed.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps per variant.")] = None,
+    base_model: Annotated[bool, typer.Option(
+        "--base-model", help="Add the base model itself, untrained (train.steps 0), as an arm: every trained arm is "
+                             "also compared with it.")] = False,
     no_baseline: Annotated[bool, typer.Option(
         "--no-baseline", help="MEDS variants: leave out the baseline run of the base algorithm (DAPO).")] = False,
     output: Annotated[Optional[Path], typer.Option(
@@ -342,7 +345,7 @@ def ablate(
     launch.check(cluster=False)  # the forms of the settings; the cluster is asked before submitting
     plan = make_plan(config_files=config or [], sets=set_ or [], grid_file=grid, features=features, clusterer=clusterer,
                      layers=layers, seeds=seeds, steps=steps, baseline=not no_baseline, output=output, algos=algos,
-                     baseline_name=baseline)
+                     baseline_name=baseline, base_model=base_model)
     if dry_run:
         script = array_script(plan, launch.slurm) if launcher == "slurm" else ""  # checked before the plan prints
         show_plan(plan, err, probe=estimate)

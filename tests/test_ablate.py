@@ -119,7 +119,7 @@ def test_dry_run_lists_variants_and_estimates(tmp_path):
     assert result.exit_code == 0, result.output
     assert "features-logits" in result.output and "features-random" in result.output
     text = " ".join(result.output.split())  # rich wraps at the terminal width
-    assert "one step of the base config took" in text and "x 2 steps x 2 variants" in text
+    assert "one step of the base config took" in text and "x 2 steps x 2 trained variants" in text
     assert not (tmp_path / "abl").exists()  # a dry run creates nothing
 
 

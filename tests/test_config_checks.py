@@ -31,7 +31,7 @@ from tests.conftest import TINY_COPY
     ("optim.weight_decay=-0.1", "optim.weight_decay must be a finite number at least 0"),
     ("optim.grad_clip=-1", "optim.grad_clip must be a finite number at least 0"),
     ("optim.warmup_steps=-1", "optim.warmup_steps must be at least 0"),
-    ("train.steps=0", "train.steps must be at least 1, got 0"),
+    ("train.steps=-1", "train.steps must be at least 0, got -1"),
     ("train.micro_batch_size=0", "train.micro_batch_size must be at least 1"),
     ("train.ppo_epochs=0", "train.ppo_epochs must be at least 1"),
     ("train.mini_batch_size=-4", "train.mini_batch_size must be at least 0"),

@@ -22,6 +22,8 @@ Grid file:
       - {name: knn-vote, set: {meds.assign: knn}}
     seeds: [0, 1]                     # optional; every variant once per seed
     baseline: true                    # optional (default true); with algos: the baseline's name
+    base_model: true                  # optional (default false): the base model itself, untrained, as an arm
+    compare: [[meds-random, meds]]    # optional: pairs of arms (groups) compared too, besides the baseline
     algos: [dapo, meds, passk]        # optional: algorithms / presets as variants (then no MEDS default)
     slurm: {partition: gpu, time: "4:00:00", gpus-per-task: 1}   # optional: --launcher slurm's settings
 """
@@ -35,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meds_cli.commands.ablate_grid import algorithm_variants, read_algos
+from meds_cli.commands.ablate_grid import BASE_MODEL_ARM, algorithm_variants, read_algos, trains
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.files import replace_text
 from meds_cli.core.markup import plain
@@ -46,7 +48,8 @@ from meds_cli.engine.config import load_config, read_yaml
 FLAG_AXES = {"features": "meds.features", "clusterer": "meds.clusterer", "layers": "meds.layers"}
 SHORT_NAMES = {"meds.features": "features", "meds.clusterer": "clusterer", "meds.layers": "layers",
                "train.seed": "seed"}
-GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "slurm")  # slurm: ablate_launch.py
+GRID_KEYS = ("config", "set", "axes", "variants", "seeds", "baseline", "algos", "base_model", "compare",
+             "slurm")  # slurm: ablate_launch.py
 STATE_FILE = "ablation.json"
 
 
@@ -68,6 +71,8 @@ class Grid:
     set: list = field(default_factory=list)
     algos: list = field(default_factory=list)  # algorithm / preset names, each a variant (ablate_grid.py)
     baseline_name: str | None = None  # with algos: the variant the others are compared with
+    base_model: bool = False  # the untrained base model as an arm (BASE_MODEL_ARM)
+    compare: list = field(default_factory=list)  # [[arm, other arm]]: paired comparisons besides the baseline
 
 
 # ---------------------------------------------------------------- the grid
@@ -118,17 +123,27 @@ def read_grid(path: Path) -> Grid:
     files = [files] if isinstance(files, str) else files
     sets = data.get("set") or []
     baseline = data.get("baseline", True)
+    base_model = data.get("base_model", False)
+    if not isinstance(base_model, bool):
+        raise UserError(f"grid '{path}': base_model must be true or false (the untrained base model as an arm); "
+                        f"got {base_model!r}")
+    compare = data.get("compare") or []
+    if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
+                                                and all(isinstance(n, str) for n in pair) for pair in compare):
+        raise UserError(f"grid '{path}': compare must be a list of pairs of arm names, e.g. [[meds-random, meds]]; "
+                        f"got {compare!r}")
     return Grid(axes=dict(axes), variants=variants, seeds=parse_seeds(data.get("seeds") or [], f"grid '{path}': seeds"),
+                compare=[list(pair) for pair in compare],
                 baseline=bool(baseline), config=[str(path.parent / f) for f in files],
                 set=[str(s) for s in ([sets] if isinstance(sets, str) else sets)],
                 algos=read_algos(data["algos"], f"grid '{path}'") if data.get("algos") is not None else [],
-                baseline_name=baseline if isinstance(baseline, str) else None)
+                baseline_name=baseline if isinstance(baseline, str) else None, base_model=base_model)
 
 
 def grid_from_flags(grid: Grid, *, features=None, clusterer=None, layers=None, seeds=None, algos=None,
-                    baseline_name=None) -> Grid:
+                    baseline_name=None, base_model: bool = False) -> Grid:
     """The grid with the flags' axes added (a flag replaces the grid's axis for the same key, and
-    --algos / --baseline the grid's algos and baseline)."""
+    --algos / --baseline the grid's algos and baseline; --base-model adds the base-model arm)."""
     for flag, value in (("features", features), ("clusterer", clusterer), ("layers", layers)):
         values = split_list(value, flag)
         if values:
@@ -139,6 +154,7 @@ def grid_from_flags(grid: Grid, *, features=None, clusterer=None, layers=None, s
         grid.algos = split_list(algos, "algos")
     if baseline_name is not None:
         grid.baseline_name = baseline_name
+    grid.base_model = grid.base_model or base_model
     if grid.baseline_name is not None and not grid.algos:
         raise UserError(f"--baseline {grid.baseline_name} names the baseline among --algos; give --algos too "
                         "(MEDS variants are compared with their base algorithm)")
@@ -175,7 +191,8 @@ def folder_names(groups: list[tuple[str, dict]], notes: list[str]) -> list[tuple
 def expand(grid: Grid, baseline_algo: str | None, notes: list[str] | None = None) -> list[Variant]:
     """All variants: the algorithms (baseline first) when the grid names any, the axes' product and
     the named variants (MEDS), else MEDS as configured and the baseline; times the seeds. Names
-    changed to make safe folder names are said in `notes`."""
+    changed to make safe folder names are said in `notes`. The base-model arm, when the grid has
+    one, comes first: the model every other arm started from."""
     meds = []
     if grid.axes:
         keys = list(grid.axes)
@@ -188,6 +205,8 @@ def expand(grid: Grid, baseline_algo: str | None, notes: list[str] | None = None
     else:
         meds = meds or [("meds", {"algo.name": "meds"})]
         groups = meds + ([(f"baseline-{baseline_algo}", {"algo.name": baseline_algo})] if baseline_algo else [])
+    if grid.base_model:
+        groups = [(BASE_MODEL_ARM[0], dict(BASE_MODEL_ARM[1]))] + groups
     groups = folder_names(groups, notes if notes is not None else [])
     if not grid.seeds:
         return [Variant(name, name, overrides) for name, overrides in groups]
@@ -211,13 +230,14 @@ class Plan:
     variants: list[Variant]
     steps: int
     notes: list[str] = field(default_factory=list)  # folder names that had to change (folder_names)
+    compare: list = field(default_factory=list)  # the grid's extra pairs of arms (groups) to compare
 
 
 def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, seeds, steps, baseline, output,
-              algos=None, baseline_name=None) -> Plan:
+              algos=None, baseline_name=None, base_model: bool = False) -> Plan:
     grid = read_grid(Path(grid_file)) if grid_file else Grid()
     grid = grid_from_flags(grid, features=features, clusterer=clusterer, layers=layers, seeds=seeds, algos=algos,
-                           baseline_name=baseline_name)
+                           baseline_name=baseline_name, base_model=base_model)
     files = [*grid.config, *map(str, config_files)]
     base_sets = [*grid.set, *sets] + ([f"train.steps={steps}"] if steps is not None else [])
     base = load_config(files, base_sets + ["algo.name=meds"])
@@ -228,7 +248,13 @@ def make_plan(*, config_files, sets, grid_file, features, clusterer, layers, see
     for variant in variants:  # every variant's config and algorithm settings are checked before anything trains
         build_algorithm(load_config(files, base_sets + variant_sets(variant)))
     folder = Path(output) if output else Path(base.train.runs_root) / f"ablate-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Plan(folder, files, base_sets, variants, base.train.steps, notes)
+    groups = list(dict.fromkeys(v.group for v in variants))
+    for pair in grid.compare:
+        for name in pair:
+            if name not in groups:
+                raise UserError(f"compare: no arm named '{name}' in the grid{nearest(name, groups)}; its arms: "
+                                f"{', '.join(groups)}")
+    return Plan(folder, files, base_sets, variants, base.train.steps, notes, grid.compare)
 
 
 def read_state(path: Path) -> dict:
@@ -302,7 +328,7 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
     pending, headers = [], {}
     for i, variant in enumerate(plan.variants, 1):
         run_dir = plan.folder / variant.name
-        if results_path(run_dir, eval_settings, plan.steps).is_file():
+        if results_path(run_dir, eval_settings, plan.steps if trains(variant.overrides) else 0).is_file():
             console.print(f"[{i}/{len(plan.variants)}] {plain(variant.name)}: finished, skipped")
             continue
         clear_error(run_dir)
@@ -328,7 +354,7 @@ def _run_claimed(plan: Plan, eval_settings, launch, *, console, quiet: bool, arg
         console.print(f"[yellow]stopped[/]; run the same command with --output {plain(plan.folder)} to continue",
                       soft_wrap=True)
         raise
-    return report(plan.folder, plan.variants, eval_settings, console)
+    return report(plan.folder, plan.variants, eval_settings, console, compare=plan.compare)
 
 
 def collect_report(folder: Path, console) -> dict:
@@ -339,7 +365,8 @@ def collect_report(folder: Path, console) -> dict:
     record = read_tasks(folder)  # checked: every variant a folder inside DIR
     variants = [Variant(item["name"], item["group"], item["overrides"], item.get("seed"))
                 for item in record["variants"]]
-    return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)))
+    return report(Path(folder), variants, eval_settings_of(record), console, active=slurm_activity(Path(folder)),
+                  compare=record.get("compare", []))
 
 
 # ---------------------------------------------------------------- dry run
@@ -391,8 +418,9 @@ def dry_run(plan: Plan, console, probe: bool = False) -> dict:
     else:
         with console.status("timing one training step of the base config (loading its model first) ..."):
             seconds = probe_step_seconds(plan)
-        total = seconds * plan.steps * len(plan.variants)
+        trained = sum(trains(v.overrides) for v in plan.variants)  # the base-model arm trains nothing
+        total = seconds * plan.steps * trained
         console.print(f"one step of the base config took {seconds:.2f} s; training estimate: {seconds:.2f} s x "
-                      f"{plan.steps} steps x {len(plan.variants)} variants = {plain(_duration(total))} "
+                      f"{plan.steps} steps x {trained:d} trained variants = {plain(_duration(total))} "
                       "(plus model loading and evaluation; semantic features add an embedding model)")
     return {"variants": [v.name for v in plan.variants], "step_seconds": seconds, "estimate_seconds": total}

@@ -5,11 +5,24 @@ sits on the base config's algo.base) or a preset (passk, clip-cov, ...: an algor
 settings the preset names, algorithms/presets.py). Every variant is the same base config and
 seeds with only these overrides; the baseline, the variant every other is compared with, runs
 first: the first name, or --baseline NAME (added at the front when it is not among the names).
+
+The base-model arm (`base_model: true` in a grid, --base-model) is the base config's model
+evaluated as it is: an arm of train.steps 0 (a run folder of 0 steps is its base model, as `meds
+eval RUN` evaluates it), so every trained arm is also compared with the model it started from
+(ablate_report.py), seed by seed on the seed's own held-out split.
 """
 
 from __future__ import annotations
 
 from meds_cli.core.errors import UserError, nearest
+
+BASE_MODEL_ARM = ("base-model", {"train.steps": 0})
+
+
+def trains(overrides: dict) -> bool:
+    """Whether a variant (its overrides) trains at all: an arm of train.steps 0 is its base model,
+    evaluated as is."""
+    return overrides.get("train.steps") != 0
 
 
 def known_names() -> list[str]:

@@ -87,9 +87,11 @@ def slurm_activity(folder: Path) -> dict[str, str]:
     return still_held(submissions) if shutil.which("squeue") is not None else {}
 
 
-def report(folder: Path, variants, eval_settings, console, active: dict[str, str] | None = None) -> dict:
+def report(folder: Path, variants, eval_settings, console, active: dict[str, str] | None = None,
+           compare=()) -> dict:
     """The report of the finished tasks; the others named (failed: their error's last line;
-    queued/running in Slurm; or not finished, with their log's last line)."""
+    queued/running in Slurm; or not finished, with their log's last line). `compare`: the grid's
+    extra pairs of arms."""
     from meds_cli.commands.ablate_eval import results_path
     from meds_cli.commands.ablate_report import write_report
     from meds_cli.commands.ablate_task import DONE, FAILED, check_config, task_outcome
@@ -114,7 +116,7 @@ def report(folder: Path, variants, eval_settings, console, active: dict[str, str
         if (active or {}).get(variant.name, ENDED) != ENDED:
             state, line = active[variant.name], None
         unfinished[variant.name] = {"state": state, "last_line": line}
-    return write_report(folder, finished, paths, console, unfinished=unfinished)
+    return write_report(folder, finished, paths, console, unfinished=unfinished, compare=compare)
 
 
 def array_script(plan, settings: SlurmSettings) -> str:

@@ -4,7 +4,11 @@ pass_at_k.png, and diagnostics.png (reward, distinct wrong answers, one-error gr
 eigen ratio and MEDS's clusters per step, every arm on one panel each) in the ablation folder.
 Each variant is also compared with the baseline problem by problem (benchmarks/paired_compare.py):
 a verdict per benchmark in the terminal, summary.md and summary.json, per-problem differences in
-problem_deltas.csv, paired_differences.png.
+problem_deltas.csv, paired_differences.png. Where the grid has the base-model arm (an arm of
+train.steps 0: the base model evaluated as is, `base_model: true`), every trained arm is compared
+with it too (did training raise pass@1, did it lower pass@k at the largest k), and it is not
+compared with the baseline a second time (baseline vs base model is among those). A grid's
+`compare:` pairs (e.g. MEDS with random clusters against MEDS) are compared last.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the diversity diagnostics every algorithm logs (engine/training/diversity.py: distinct wrong
@@ -209,6 +213,8 @@ def setup_text(cfg, overrides: dict) -> str:
     a table (the report's, the dry run's) shows an arm on GRPO beside one on DAPO."""
     from algorithms import ALGORITHMS
 
+    if cfg.train.steps == 0:
+        return f"{cfg.model.name}, untrained (train.steps=0)"
     cls = ALGORITHMS.get(cfg.algo.name)
     own = cls.key_settings(cfg.algorithms[cfg.algo.name])
     settings = {f"{cfg.algo.name}.{key}": value for key, value in own.items()}
@@ -330,12 +336,14 @@ def plot_step_diagnostics(variants, results: dict[str, dict], path: Path) -> Non
 
 
 def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
-    """pass@k against k (log scale), mean over seeds with error bars of one std."""
+    """pass@k against k (log scale), mean over seeds with error bars of one std; the base-model
+    arm, where there is one, a black dashed line: the curve every trained arm reads against."""
     fig, ax = _pyplot().subplots(figsize=(7, 4.5))
-    colours = arm_colours(variants)
+    colours, untrained = arm_colours(variants), untrained_groups(variants)
     for group, (ks, mean, std) in curves_over_seeds(variants, results, "pass_at_k_curve").items():
         if ks:
-            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, color=colours[group])
+            style = {"color": "black", "linestyle": "--"} if group in untrained else {"color": colours[group]}
+            ax.errorbar(ks, mean, yerr=std, marker="o", markersize=3, capsize=3, label=group, **style)
     ax.set_xscale("log", base=2)
     _save(fig, ax, path, "k", "pass@k", "pass@k per variant (mean over seeds, bars: one std)")
 
@@ -343,26 +351,37 @@ def plot_pass_at_k(variants, results: dict[str, dict], path: Path) -> None:
 # ---------------------------------------------------------------- the report
 
 
+def untrained_groups(variants) -> list[str]:
+    """The groups of the base-model arm (train.steps 0): the model the others started from."""
+    from meds_cli.commands.ablate_grid import trains
+
+    return list(dict.fromkeys(v.group for v in variants if not trains(v.overrides)))
+
+
 def baseline_group(variants) -> str:
-    """The group every other is compared with: the baseline run of the base algorithm, else the first."""
-    groups = list(dict.fromkeys(v.group for v in variants))
+    """The group every other is compared with: the baseline run of the base algorithm, else the
+    first trained group (the base-model arm is compared with in its own right)."""
+    untrained = untrained_groups(variants)
+    groups = [g for g in dict.fromkeys(v.group for v in variants) if g not in untrained] or untrained
     return next((g for g in groups if g.startswith("baseline-")), groups[0])
 
 
-def paired_against_baseline(variants, paths: dict[str, Path]) -> list[dict]:
-    """Each variant group against the baseline group, paired seed by seed (the seeds both ran) and
-    problem by problem: benchmarks/paired_compare.py's comparisons."""
-    base = baseline_group(variants)
+def paired_against_baseline(variants, paths: dict[str, Path], compare=()) -> list[dict]:
+    """Each trained variant group against the baseline group, then against the base-model arm where
+    the grid has one, then the grid's `compare` pairs (arms that finished), paired seed by seed (the
+    seeds both ran) and problem by problem: benchmarks/paired_compare.py's comparisons."""
+    base, untrained = baseline_group(variants), untrained_groups(variants)
     by_group: dict[str, dict] = {}
     for v in variants:
         by_group.setdefault(v.group, {})[v.seed] = paths[v.name]
+    pairs = [(group, base) for group in by_group if group != base and group not in untrained]
+    pairs += [(group, start) for start in untrained for group in by_group if group not in untrained]
+    pairs += [tuple(pair) for pair in compare if set(pair) <= set(by_group) and tuple(pair) not in pairs]
     comparisons = []
-    for group, evals in by_group.items():
-        if group == base:
-            continue
-        seeds = [s for s in evals if s in by_group[base]]
-        comparisons.append(compare_arms(Arm(group, [evals[s] for s in seeds]),
-                                        Arm(base, [by_group[base][s] for s in seeds])))
+    for group, other in pairs:
+        seeds = [s for s in by_group[group] if s in by_group[other]]
+        comparisons.append(compare_arms(Arm(group, [by_group[group][s] for s in seeds]),
+                                        Arm(other, [by_group[other][s] for s in seeds])))
     return comparisons
 
 
@@ -374,7 +393,7 @@ def unfinished_lines(unfinished: dict[str, dict]) -> list[str]:
 
 
 def write_report(folder: Path, variants, paths: dict[str, Path], console,
-                 unfinished: dict[str, dict] | None = None) -> dict:
+                 unfinished: dict[str, dict] | None = None, compare=()) -> dict:
     """The report of the finished `variants`, `paths` their results files by name; `unfinished`
     {name: {state, last_line}} names the tasks that failed or have not finished (summary.md,
     summary.json and the terminal)."""
@@ -397,7 +416,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
     for row in rows:
         row["setup"] = setups[row["variant"]]
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
-    comparisons = paired_against_baseline(variants, paths)
+    comparisons = paired_against_baseline(variants, paths, compare)
     (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +
                                        "\nmean ± std over seeds; reward, distinct wrong / correct answers per group, "
                                        "one-error groups (share of the groups with two or more wrong answers whose "

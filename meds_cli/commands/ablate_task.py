@@ -44,7 +44,7 @@ def write_tasks(plan, eval_settings: EvalSettings, variant_sets, eval_length: in
     from meds_cli.engine.training.algorithm_setup import build_algorithm
 
     record = {"steps": plan.steps, "eval": dataclasses.asdict(eval_settings), "eval_max_new_tokens": eval_length,
-              "variants": [dataclasses.asdict(v) for v in plan.variants]}
+              "variants": [dataclasses.asdict(v) for v in plan.variants], "compare": plan.compare}
     replace_text(plan.folder / TASKS_FILE, json.dumps(record, indent=2) + "\n")
     for variant in plan.variants:
         config = plan.folder / variant.name / "config.yaml"
@@ -80,6 +80,11 @@ def read_tasks(folder: Path) -> dict:
         child(folder, item["name"], f"'{path}'")
     names = [item["name"] for item in variants]
     require(len(set(names)) == len(names), path, "names a variant twice")
+    compare = record.get("compare", [])
+    groups = {item["group"] for item in variants}
+    require(isinstance(compare, list) and all(isinstance(pair, list) and len(pair) == 2 and set(pair) <= groups
+                                              for pair in compare), path,
+            f"has compare = {compare!r}, not pairs of its arms")
     eval_settings_of(record, path)
     return record
 
@@ -167,6 +172,7 @@ def train_task(folder: Path, steps: int, console, quiet: bool, argv) -> None:
 def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     """Train and evaluate one task; an error leaves its last line in the folder, then goes on up."""
     from meds_cli.commands.ablate_eval import evaluate_variant
+    from meds_cli.commands.ablate_grid import trains
 
     folder = Path(folder)
     record = read_tasks(folder.parent)
@@ -177,7 +183,8 @@ def run_task(folder: Path, console, *, quiet: bool = True, argv=()) -> None:
     clear_error(folder)
     try:
         check_config(folder, variant["name"], variant["overrides"])
-        train_task(folder, record["steps"], console, quiet, list(argv))
+        if trains(variant["overrides"]):  # the base-model arm (train.steps 0) is evaluated as is
+            train_task(folder, record["steps"], console, quiet, list(argv))
         evaluate_variant(folder, eval_settings_of(record), console, record.get("eval_max_new_tokens"))
     except Exception as error:
         text = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"

@@ -56,9 +56,12 @@ def heldout_max_new_tokens(task_name: str | None, run_max_new_tokens: int) -> in
 
 
 def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda text: None) -> ModelSpec:
-    """The run's base model (config.yaml model.name) with its newest complete or chosen checkpoint."""
+    """The run's base model (config.yaml model.name) with its newest complete or chosen checkpoint;
+    a run of train.steps 0 (`meds ablate`'s base-model arm) is the base model alone."""
     run_dir = runs.resolve_run_dir(str(run_dir))
     cfg = load_config([str(run_dir / "config.yaml")])
+    if cfg.train.steps == 0 and step in (None, 0):  # a run of 0 steps is its base model: nothing to load on top
+        return ModelSpec(cfg.model.name, None, dtype or cfg.model.dtype)
     checkpoint = runs.find_checkpoint(run_dir, step, say=say)
     return ModelSpec(cfg.model.name, checkpoint, dtype or cfg.model.dtype, cfg.model.lora)
 
@@ -66,8 +69,8 @@ def model_for_run(run_dir: Path, step: int | None, dtype: str | None, say=lambda
 def default_output(run_dir: Path | None, spec: ModelSpec) -> Path:
     """RUN_DIR/eval/step_N for a run (one folder per checkpoint, so evals of two checkpoints
     never mix their samples); runs/eval-<time>-<model> for a model."""
-    if run_dir is not None:
-        return Path(run_dir) / "eval" / spec.checkpoint.name
+    if run_dir is not None:  # a run of 0 steps (its base model, model_for_run) is at step 0
+        return Path(run_dir) / "eval" / (spec.checkpoint.name if spec.checkpoint is not None else "step_0")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(spec.name).name or spec.name).strip("_")
     return Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{slug}"
 

@@ -64,6 +64,9 @@ def prepare_run(config_files, overrides, shortcuts, resume: Path | None, step: i
     if step is not None:
         raise UserError("--step picks the checkpoint a resumed run continues from; it needs --resume RUN")
     cfg = load_config([str(f) for f in config_files], overrides, shortcuts)
+    if cfg.train.steps == 0:  # 0 is the config's value for an untrained arm (meds ablate --base-model), not a run
+        raise UserError("train.steps must be at least 1 to train, got 0; the base model itself is evaluated by "
+                        "`meds eval --model NAME` or as an arm of `meds ablate --base-model`")
     from benchmarks import load_all
     from benchmarks.registry import TASKS
 

@@ -187,7 +187,8 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = doc(20, "training steps (rollout batches)", at_least(1))
+    steps: int = doc(20, "training steps (rollout batches); 0 only in `meds ablate`'s base-model arm: a run "
+                         "folder of 0 steps is its base model, as `meds eval RUN` evaluates it", at_least(0))
     seed: int = doc(0, "seed for data order, sampling and initialization", SEED)
     ppo_epochs: int = doc(1, "passes over each rollout batch", at_least(1))
     mini_batch_size: int = doc(0, "sequences per optimizer step (0: the whole batch)", at_least(0))
