@@ -255,13 +255,16 @@ class RolloutPipeline:
     def prefetched_steps(self) -> set[int]:
         return {p.job.step for p in self.pending}
 
-    def forget_through(self, step: int) -> None:
+    def forget_through(self, step: int) -> int:
         """Drop what was prefetched for steps up to `step` and not asked for (a step that drew other
-        prompts than planned, as after DAPO's extra rounds): it is never trained on."""
-        for pending in [p for p in self.pending if p.job.step <= step]:
+        prompts than planned, as after DAPO's extra rounds): it is never trained on. Returns how
+        many jobs were dropped."""
+        dropped = [p for p in self.pending if p.job.step <= step]
+        for pending in dropped:
             self.engine.forget(pending.ticket)
             self.pending.remove(pending)
         self._forget_unused_weights()
+        return len(dropped)
 
     # ------------------------------------------------------------ in flight at a checkpoint
 
