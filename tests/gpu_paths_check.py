@@ -51,7 +51,13 @@ class CollectiveEngine:
     def policy_updated(self):
         pass
 
+    def policy_settled(self, version):
+        pass
+
     def release(self):
+        pass
+
+    def close(self):
         pass
 
 

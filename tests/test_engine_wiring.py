@@ -35,8 +35,14 @@ class RecordingEngine:
     def policy_updated(self):
         self.calls.append("policy_updated")
 
+    def policy_settled(self, version):
+        self.calls.append("policy_settled")
+
     def release(self):
         self.calls.append("release")
+
+    def close(self):
+        self.inner.close()
 
 
 def test_engine_is_released_for_the_update_and_told_of_every_optimizer_step(tmp_path):
@@ -47,7 +53,8 @@ def test_engine_is_released_for_the_update_and_told_of_every_optimizer_step(tmp_
     row = trainer.train_step()
     assert row["optimizer_steps"] == 2
     # released before the scoring pass, and again before the update (a no-op for an engine already asleep)
-    assert trainer.engine.calls == ["generate", "release", "release", "policy_updated", "policy_updated"]
+    assert trainer.engine.calls == ["generate", "release", "release", "policy_updated", "policy_updated",
+                                    "policy_settled"]
 
 
 def test_hf_engine_logprobs_agree_with_the_trainer_and_the_gap_is_logged(tmp_path):
@@ -106,7 +113,7 @@ def refuse_top_p_below_one(cfg):
 def greedy_registered(monkeypatch):
     """Registers the `greedy` engine for one test (monkeypatch removes it afterwards)."""
     def for_training(cfg, model, tokenizer, **_):
-        return GreedyEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+        return GreedyEngine(model, tokenizer.pad_token_id, cfg.rollout.hf.generation_batch_size)
 
     def for_eval(spec, settings):
         model, tokenizer = tiny_model_and_tokenizer()
@@ -118,7 +125,7 @@ def greedy_registered(monkeypatch):
     monkeypatch.setattr(ROLLOUT_ENGINES, "_entries", entries)
     ROLLOUT_ENGINES.register("greedy", "the hf decode loop, greedy whatever the temperature")(EngineKind(
         unavailable=lambda: None, preferred=lambda: False, check=refuse_top_p_below_one,
-        for_training=for_training, for_eval=for_eval))
+        for_training=for_training, for_eval=for_eval, engine_class=GreedyEngine))
 
 
 def test_a_registered_engine_serves_training_and_eval(tmp_path, greedy_registered):

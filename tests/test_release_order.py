@@ -39,6 +39,12 @@ class RecordingEngine:
     def policy_updated(self):
         self.events.append("update")
 
+    def policy_settled(self, version):
+        pass
+
+    def close(self):
+        pass
+
 
 def test_the_engine_is_released_before_the_scoring_pass(tmp_path, monkeypatch):
     cfg = tiny_config("rollout.prompts_per_step=2", "rollout.group_size=2", "train.scoring_pass=always",

@@ -82,7 +82,7 @@ class FakeApart:
     """Samples at once, from the version last pushed (or `lag` versions older, to test the bound)."""
 
     name, records_lens, reads_policy_weights = "fake", False, False
-    starts_with_policy = True
+    starts_with_policy, keeps_versions = True, True
 
     def __init__(self, lag: int = 0):
         self.version, self.lag, self.calls, self.tickets = 0, lag, [], {}
@@ -107,6 +107,9 @@ class FakeApart:
     def job_times(self, since):
         return [(1.0, 2.0)]
 
+    def take_retries(self):
+        return 0
+
     def close(self):
         self.calls.append("close")
 
@@ -122,7 +125,7 @@ def test_prefetched_requests_are_taken_and_versions_recorded():
     engine = FakeApart()
     pipe = RolloutPipeline(engine, max_staleness=1)
     pipe.prefetch(requests(10), SETTINGS, step=2)
-    pipe.finish_update(1)
+    pipe.policy_settled(1)
     out = pipe.generate(requests(10), SETTINGS)  # the prefetched job: no new submit, no push
     assert engine.calls == [("submit", 0)]
     assert [s.token_ids for s in out[0]] == [[3], [4]] and {s.policy_version for s in out[0]} == {0}
@@ -133,9 +136,9 @@ def test_prefetched_requests_are_taken_and_versions_recorded():
 def test_a_job_staler_than_allowed_is_sampled_again():
     engine = FakeApart(lag=1)  # every job comes back one version older than pushed
     pipe = RolloutPipeline(engine, max_staleness=1)
-    pipe.finish_update(1)
+    pipe.policy_settled(1)
     pipe.prefetch(requests(10), SETTINGS, step=3)  # pushed 1, sampled from 0
-    pipe.finish_update(2)
+    pipe.policy_settled(2)
     out = pipe.generate(requests(10), SETTINGS)  # 2 - 0 = 2 > 1: sampled again from 2 - 1 = 1
     assert out[0][0].policy_version == 1
     assert pipe.step_metrics((0.0, 4.0))["rollouts_sampled_again"] == 1.0

@@ -102,7 +102,7 @@ def run_settings(model: Path, reward: Path, algo: str, *extra: str) -> list[str]
     return [f"model.name={model}", "task.name=copy", f"algo.name={algo}", "rollout.engine=vllm",
             "rollout.vllm.dtype=float32", "rollout.vllm.enforce_eager=true", "rollout.vllm.max_model_len=256",
             "rollout.max_new_tokens=8", "rollout.prompts_per_step=4", "rollout.group_size=4",
-            "rollout.generation_batch_size=16", "train.micro_batch_size=16", "train.checkpoint_every=0",
+            "rollout.hf.generation_batch_size=16", "train.micro_batch_size=16", "train.checkpoint_every=0",
             "optim.warmup_steps=0", "optim.lr=0.05", "model.lora.rank=8", f"reward.functions={reward}:digit_share",
             "dapo.dynamic_sampling=false", "meds.cluster_workers=1", *extra]
 

@@ -141,7 +141,7 @@ def test_the_version_that_sampled_is_recorded_per_rollout(fake, tmp_path):
         pipeline = trainer.engine
         assert isinstance(pipeline, RolloutPipeline)
         request = [SampleRequest((3, 4), (1, 2))]
-        pipeline.finish_update(1)
+        pipeline.policy_settled(1)
         samples = pipeline.generate(request, SETTINGS)[0]
         assert {s.policy_version for s in samples} == {1}
     finally:

@@ -9,19 +9,26 @@ the first registered engine that prefers this machine, else `hf`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.registry import Registry
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
-from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.hf_worker import HFWorkerEngine, cores_of_process, parse_cores, trained_weights
+from meds_cli.engine.rollout.hf_sampler import HFConfig, HFEngine
+from meds_cli.engine.rollout.hf_worker import (
+    HFWorkerEngine,
+    WorkerConfig,
+    cores_of_process,
+    parse_cores,
+    trained_weights,
+)
 from meds_cli.engine.rollout.pipeline import RolloutPipeline
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine
 from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 from meds_cli.engine.rollout.vllm_engine import (
+    VLLMConfig,
     VLLMEngine,
     check_vllm_settings,
     engine_dtype,
@@ -31,6 +38,7 @@ from meds_cli.engine.rollout.vllm_engine import (
     trainer_compute_dtype,
     vllm_available,
 )
+from meds_cli.engine.rollout.vllm_server import ServerConfig, VLLMServerEngine
 
 AUTO = "auto"
 DEFAULT_ENGINE = "hf"
@@ -47,8 +55,14 @@ class EngineKind:
                    (autocast: the accelerator's mixed_precision), or, for an engine that runs apart,
                    a pipeline.SeparateEngine, which make_engine puts behind a RolloutPipeline
     for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
+    engine_class   the class for_training builds: it implements every member of
+                   sampling_engine.RolloutEngine, or of pipeline.SeparateEngine where it runs apart
+                   (tests/test_engine_protocol.py checks every registered engine)
     runs_apart     it samples in a process or server of its own, so rollout.max_staleness >= 1 can
                    overlap its sampling with the update (engine/rollout/pipeline.py)
+    settings       the sections of `rollout:` it reads, by name (rollout.<name>), each a dataclass of
+                   core.fields settings; the run config holds one of each registered section
+                   (engine_sections), so an engine's settings live beside it
     """
 
     unavailable: Callable[[], str | None]
@@ -56,10 +70,23 @@ class EngineKind:
     check: Callable[[object], None]
     for_training: Callable[..., RolloutEngine]
     for_eval: Callable[..., object]
+    engine_class: type
     runs_apart: bool = False
+    settings: dict[str, type] = field(default_factory=dict)
 
 
 ROLLOUT_ENGINES: Registry[EngineKind] = Registry("rollout engine")
+
+
+def engine_sections() -> dict[str, type]:
+    """Every registered engine's settings sections (rollout.<name>), by name; engines that share a
+    section (hf and hf-worker: rollout.hf) register the same class."""
+    sections: dict[str, type] = {}
+    for entry in ROLLOUT_ENGINES.entries():
+        for name, cls in entry.obj.settings.items():
+            if sections.setdefault(name, cls) is not cls:
+                raise ValueError(f"rollout.{name} is registered by two engines with different classes")
+    return sections
 
 
 def engine_names() -> list[str]:
@@ -138,7 +165,7 @@ def make_backend(name: str, spec: ModelSpec, settings):
 
 
 def _hf_for_training(cfg, model, tokenizer, **_) -> RolloutEngine:
-    return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+    return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.hf.generation_batch_size)
 
 
 def _hf_for_eval(spec: ModelSpec, settings):
@@ -148,7 +175,7 @@ def _hf_for_eval(spec: ModelSpec, settings):
 
 ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in this process")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
-    for_training=_hf_for_training, for_eval=_hf_for_eval))
+    for_training=_hf_for_training, for_eval=_hf_for_eval, engine_class=HFEngine, settings={"hf": HFConfig}))
 
 
 # ---------------------------------------------------------------- hf-worker
@@ -163,7 +190,7 @@ def _hf_worker_check(cfg) -> None:
 def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0,
                             autocast: str = "no", **_):
     # each training process its own worker, on its share of rollout.worker.cores
-    return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size, scratch_dir=scratch_dir,
+    return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.hf.generation_batch_size, scratch_dir=scratch_dir,
                           autocast=autocast,
                           cores=cores_of_process(parse_cores(cfg.rollout.worker.cores), rank, processes))
 
@@ -171,7 +198,8 @@ def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, process
 ROLLOUT_ENGINES.register("hf-worker", "the hf engine's decode loop in a worker process of its own, sent the "
                                       "trained weights after each step")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=_hf_worker_check,
-    for_training=_hf_worker_for_training, for_eval=_hf_for_eval, runs_apart=True))
+    for_training=_hf_worker_for_training, for_eval=_hf_for_eval, engine_class=HFWorkerEngine, runs_apart=True,
+    settings={"hf": HFConfig, "worker": WorkerConfig}))
 
 
 # ---------------------------------------------------------------- vllm
@@ -236,7 +264,8 @@ def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, proces
 
 ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent the policy after each update")(
     EngineKind(unavailable=_vllm_unavailable, preferred=cuda_available, check=_vllm_check,
-               for_training=_vllm_for_training, for_eval=VLLMBackend))
+               for_training=_vllm_for_training, for_eval=VLLMBackend, engine_class=VLLMEngine,
+               settings={"vllm": VLLMConfig}))
 
 
 # ---------------------------------------------------------------- vllm-server
@@ -339,7 +368,7 @@ def _several_processes_check(cfg, world: int, on_this_node: int) -> None:
 def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, rank: int = 0, autocast: str = "no",
                          training_processes: TrainingProcesses = ONE_PROCESS, **_):
     from meds_cli.engine.rollout.server_placement import node_processes
-    from meds_cli.engine.rollout.vllm_server import VLLMServerEngine, parse_urls, server_name, wait_healthy
+    from meds_cli.engine.rollout.vllm_server import parse_urls, server_name, wait_healthy
 
     server = cfg.rollout.server
     _several_processes_check(cfg, training_processes.world, node_processes())
@@ -367,4 +396,5 @@ def _server_for_eval(spec: ModelSpec, settings):
 ROLLOUT_ENGINES.register("vllm-server", "a vLLM server (`vllm serve`) on devices of its own, sent the LoRA adapter "
                                         "(runtime LoRA routes) or the full weights (NCCL) after each step")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=_server_check,
-    for_training=_server_for_training, for_eval=_server_for_eval, runs_apart=True))
+    for_training=_server_for_training, for_eval=_server_for_eval, engine_class=VLLMServerEngine, runs_apart=True,
+    settings={"vllm": VLLMConfig, "server": ServerConfig}))

@@ -165,6 +165,7 @@ class HFWorkerEngine:
     records_lens = False
     reads_policy_weights = False
     starts_with_policy = True  # spawned with the trainer's model: version 0 is there
+    keeps_versions = True  # any version's trained weights can be sent to it
 
     def __init__(self, model, pad_token_id: int, batch_size: int, *, scratch_dir: Path, autocast: str = "no",
                  cores: Sequence[int] = (), start_timeout_s: float = 300.0):
@@ -228,6 +229,9 @@ class HFWorkerEngine:
     def forget(self, ticket: int) -> None:
         self.done.pop(ticket, None)
         self.forgotten.add(ticket)
+
+    def take_retries(self) -> int:
+        return 0  # a job it takes is sampled once: nothing is sent again
 
     def close(self) -> None:
         """Stop the worker: the jobs it has not begun are dropped (a run that ends early, on a refused

@@ -135,9 +135,7 @@ class RolloutSource:
 
     def policy_settled(self, step: int) -> None:
         """Step `step`'s update is over: the trainer's weights are version `step`."""
-        pipeline = self.pipeline
-        if pipeline is not None:
-            pipeline.finish_update(step)  # sent with the next job
+        self.engine.policy_settled(step)  # an engine apart is sent them with its next job
 
     def step_metrics(self, sampled) -> dict[str, float]:
         """Staleness of the step's rollouts, waiting and overlap, prefetch misses."""
@@ -158,9 +156,7 @@ class RolloutSource:
 
     def close(self) -> None:
         """Stop an engine that runs apart (its worker or server); nothing for one in this process."""
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        self.engine.close()
 
     # ------------------------------------------------------------ checkpoints
 
