@@ -17,6 +17,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from meds_cli.core.forward import peft_base
+
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A parameter's whole value, detached: an FSDP2 shard (DTensor) is gathered from every
@@ -86,7 +88,7 @@ def merged_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterat
     into its base weight, peft's wrapping removed from the names, cast to `dtype` (None: as they
     are); under FSDP2 gathered one unit at a time (the module docstring). Read it to the end on
     every process."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = peft_base(model)
     try:
         from peft.tuners.lora import LoraLayer
     except ImportError:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import peft_base
 
 SHARDINGS = ["none", "fsdp2"]
 
@@ -102,8 +103,7 @@ class Sharded:
 def causal_lm(model: nn.Module) -> nn.Module:
     """The transformers model inside peft's wrappers: HF generate and the training forward both
     run through its forward, so it is the one root every call passes."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner
+    return peft_base(model)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
