@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from meds_cli.core.forward import peft_base
+from meds_cli.core.unsharded import unsharded
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -74,13 +75,8 @@ def unit_gathered(model: nn.Module, unit: nn.Module | None, names: list[str]):
     from torch.distributed.tensor import DTensor
 
     sharded = unit is not None and isinstance(model.get_parameter(names[0]), DTensor)
-    if sharded:
-        unit.unshard()
-    try:
+    with unsharded([unit] if sharded else []):
         yield
-    finally:
-        if sharded:
-            unit.reshard()
 
 
 def merged_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -29,6 +29,7 @@ from torch import nn
 
 from meds_cli.core.errors import UserError
 from meds_cli.core.forward import peft_base
+from meds_cli.core.unsharded import unsharded
 
 SHARDINGS = ["none", "fsdp2"]
 
@@ -154,13 +155,10 @@ def gathered_parameters(sharded: Sharded | None):
         return
     for layer in sharded.layers:
         layer.set_reshard_after_forward(False, recurse=False)
-    for unit in sharded.units():
-        unit.unshard()
     try:
-        yield
+        with unsharded(sharded.units()):
+            yield
     finally:
-        for unit in sharded.units():
-            unit.reshard()
         for layer in sharded.layers:
             layer.set_reshard_after_forward(True, recurse=False)
 
