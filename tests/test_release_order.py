@@ -6,8 +6,8 @@ wake-up runs out of memory)."""
 import torch
 
 import meds_cli.engine.trainer as trainer_module
-from meds_cli.engine.config import VLLMConfig
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 from tests.test_vllm_engine import _engine

@@ -28,13 +28,13 @@ from typer.testing import CliRunner  # noqa: E402
 from benchmarks.generation import GenerationSettings, Request  # noqa: E402
 from benchmarks.tasks import build_task  # noqa: E402
 from meds_cli.app import app  # noqa: E402
-from meds_cli.engine.config import VLLMConfig, load_config  # noqa: E402
+from meds_cli.engine.config import load_config  # noqa: E402
 from meds_cli.engine.model_io.model import load_model_and_tokenizer, resolve_model  # noqa: E402
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer  # noqa: E402
 from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings  # noqa: E402
 from meds_cli.engine.rollout.engines import make_backend  # noqa: E402
 from meds_cli.engine.rollout.eval_backends import ModelSpec  # noqa: E402
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine  # noqa: E402
 from meds_cli.engine.trainer import Trainer  # noqa: E402
 from meds_cli.engine.training.scoring import score_rollouts  # noqa: E402
 from tests.conftest import needs_embedded  # noqa: E402
