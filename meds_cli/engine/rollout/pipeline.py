@@ -10,8 +10,8 @@ version that was and when it ran.
 
 `RolloutPipeline` puts one in front of the trainer as an ordinary rollout engine
 (sampling_engine.RolloutEngine: `generate` waits for its requests' result), plus `prefetch`:
-with k >= 1 the trainer submits the first sampling round of each of the next k steps before it
-updates (the same prompts and per-sample seeds those steps would draw: trainer.py), and when a
+with k >= 1 the rollout source submits the first sampling round of each of the next k steps before it
+updates (the same prompts and per-sample seeds those steps would draw: source.py), and when a
 step asks for exactly those requests `generate` returns the job sampled meanwhile. A step t
 trains on weights of version t - 1; a rollout sampled from version v is (t - 1) - v steps stale,
 at most k by construction (a prefetched job is submitted at step t with version t - 1 already
