@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from benchmarks.tasks import PromptSampler
+from meds_cli.core.markup import plain
 from meds_cli.engine.rollout.batch import draw_seeds, sample_requests, sample_rollouts
 from meds_cli.engine.rollout.in_flight import read_in_flight, save_in_flight, trained_shapes
 from meds_cli.engine.rollout.pipeline import RolloutPipeline, staleness
@@ -148,9 +149,9 @@ class RolloutSource:
             row["rollout/prefetch_miss"] = float(self._misses)
             if self._misses and not self._warned_miss:
                 self._warned_miss = True
-                self.say(f"[yellow]warning:[/] step {self.step} did not use {self._misses} planned sampling "
-                         "round(s) and sampled them again: the plan of the rounds ahead no longer matches what a "
-                         "step draws (rollout/prefetch_miss in metrics.jsonl counts them)")
+                self.say(f"[yellow]warning:[/] step {self.step} did not use {plain(self._misses)} planned "
+                         "sampling round(s) and sampled them again: the plan of the rounds ahead no longer matches "
+                         "what a step draws (rollout/prefetch_miss in metrics.jsonl counts them)")
         self._misses = 0
         return row
 
