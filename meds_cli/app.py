@@ -84,7 +84,7 @@ def _version(value: bool):
 @app.callback()
 def main(version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False):
-    """meds: train with GRPO, DAPO, MEDS, EDAS or RLIF-multireward; evaluate; inspect."""
+    """meds: train with the registered RL algorithms (GRPO, DAPO, MEDS, EDAS, ...: `meds list`); evaluate; inspect."""
 
 
 @command("train", doing="write the run folder")
@@ -94,13 +94,13 @@ def train(
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
     algo: Annotated[Optional[str], typer.Option(
-        help="Algorithm: grpo, dapo, meds, edas, rlif-multireward (see `meds list`).")] = None,
+        help="Algorithm: one of the registered algorithms, listed by `meds list` (grpo, dapo, meds, ...).")] = None,
     base: Annotated[Optional[str], typer.Option(
         help="Base algorithm under a shaping method (meds, edas): dapo or grpo.")] = None,
     model: Annotated[Optional[str], typer.Option(
         help="Hub id, alias (Qwen2.5-Math-1.5B ...), local dir, .gguf file, or smollm2-135m.")] = None,
     task: Annotated[Optional[str], typer.Option(
-        help="Training task: arithmetic, math, copy (see `meds list`).")] = None,
+        help="Training task: a registered task, listed by `meds list` (arithmetic, math, copy, ...).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
     output: Annotated[Optional[Path], typer.Option(

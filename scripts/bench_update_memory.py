@@ -50,7 +50,7 @@ def measure(setting: str, args) -> dict:
     from meds_cli.engine.model_io.model import load_model_and_tokenizer
     from meds_cli.engine.trainer import Trainer
     from meds_cli.engine.training.packing import PADDED, Packing
-    from meds_cli.engine.training.update import plan_micro_batches
+    from meds_cli.engine.training.update import plan_update_micro_batches
 
     configure_torch_threads()
     cfg = load_config([args.config], ["train.checkpoint_every=0", "algo.name=grpo", "train.ppo_epochs=1",
@@ -73,7 +73,7 @@ def measure(setting: str, args) -> dict:
     settings = dataclasses.replace(trainer.update_settings, packing=packing, share_prompts=share,
                                    micro_batch_tokens=budget if by == "tokens" else 0)
     trainer.update_settings = settings
-    planned = plan_micro_batches(batch, list(range(batch.size)), settings, trainer.acc)
+    planned = plan_update_micro_batches(batch, list(range(batch.size)), settings, trainer.acc)
     trainer.update(forced_batch(trainer, [4] * args.rows))  # warm-up: code paths, optimizer state
     gc.collect()
     exact = reset_peak()

@@ -59,7 +59,7 @@ def overrides(s: dict) -> list[str]:
             "model.lora.enabled=false", "optim.lr=1e-6", "optim.warmup_steps=0", "meds.layers=last_half",
             f"rollout.prompts_per_step={s['prompts']}", f"rollout.group_size={s['group']}",
             f"rollout.max_new_tokens={s['tokens']}", f"rollout.min_new_tokens={s['tokens']}",
-            f"rollout.generation_batch_size={s['prompts'] * s['group']}",
+            f"rollout.hf.generation_batch_size={s['prompts'] * s['group']}",
             f"train.micro_batch_size={s['micro']}", f"train.steps={s['steps']}", "train.checkpoint_every=0",
             "train.gradient_checkpointing=true", f"train.mixed_precision={s['precision']}"]
 

@@ -16,7 +16,7 @@ from meds_cli.engine.config import load_config  # noqa: E402
 
 TINY_COPY = [
     "algo.name=grpo", "model.name=tiny-llama", "task.name=copy", "rollout.max_new_tokens=2", "rollout.group_size=16",
-    "rollout.prompts_per_step=8", "rollout.generation_batch_size=128", "train.micro_batch_size=128",
+    "rollout.prompts_per_step=8", "rollout.hf.generation_batch_size=128", "train.micro_batch_size=128",
     "train.checkpoint_every=0", "optim.warmup_steps=0", "model.lora.rank=8",
 ]
 

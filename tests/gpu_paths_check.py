@@ -51,7 +51,13 @@ class CollectiveEngine:
     def policy_updated(self):
         pass
 
+    def policy_settled(self, version):
+        pass
+
     def release(self):
+        pass
+
+    def close(self):
         pass
 
 
@@ -126,8 +132,7 @@ def sharded_lora_model(acc):
 
 
 def vllm_engine(model, scratch: Path, events: list, sync: str):
-    from meds_cli.engine.config import VLLMConfig
-    from meds_cli.engine.rollout.vllm_engine import VLLMEngine
+    from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
     from tests.test_vllm_engine import fake_api
 
     return VLLMEngine("/models/tiny", options=VLLMConfig(sync=sync, dtype="float32"), seed=0, policy=model,

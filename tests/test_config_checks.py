@@ -16,7 +16,7 @@ from tests.conftest import TINY_COPY
     ("rollout.group_size=1", "rollout.group_size must be at least 2 for grpo"),
     ("rollout.prompts_per_step=0", "rollout.prompts_per_step must be at least 1, got 0"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens must be at least 1, got 0"),
-    ("rollout.generation_batch_size=0", "rollout.generation_batch_size must be at least 1"),
+    ("rollout.hf.generation_batch_size=0", "rollout.hf.generation_batch_size must be at least 1"),
     ("rollout.temperature=0", "rollout.temperature must be greater than 0"),
     ("rollout.temperature=-1", "rollout.temperature must be greater than 0"),
     ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
@@ -118,3 +118,20 @@ def test_cli_refuses_in_one_line_and_makes_no_folder(tmp_path, args):
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_the_old_generation_batch_size_key_is_still_read_with_a_note(capsys):
+    cfg = load_config(overrides=["rollout.generation_batch_size=12"])
+    assert cfg.rollout.hf.generation_batch_size == 12
+    assert "rollout.generation_batch_size is now rollout.hf.generation_batch_size" in capsys.readouterr().err
+    both = load_config(overrides=["rollout.generation_batch_size=12", "rollout.hf.generation_batch_size=7"])
+    assert both.rollout.hf.generation_batch_size == 7  # the new place wins
+
+
+def test_engine_sections_are_registered_with_their_engines():
+    from meds_cli.engine.rollout.engines import ROLLOUT_ENGINES, engine_sections
+
+    assert set(engine_sections()) == {"hf", "worker", "vllm", "server"}
+    assert set(ROLLOUT_ENGINES.get("hf-worker").settings) == {"hf", "worker"}
+    cfg = load_config(overrides=["rollout.server.port=8200", "rollout.worker.cores=1"])
+    assert cfg.rollout.server.port == 8200 and cfg.rollout.worker.cores == 1

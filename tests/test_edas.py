@@ -425,7 +425,7 @@ def test_one_real_step_on_smollm2(tmp_path):
     from meds_cli.engine.trainer import Trainer
 
     cfg = tiny_config("model.name=smollm2-135m", "task.name=arithmetic", "algo.name=edas", "rollout.prompts_per_step=2",
-                      "rollout.group_size=4", "rollout.max_new_tokens=32", "rollout.generation_batch_size=8",
+                      "rollout.group_size=4", "rollout.max_new_tokens=32", "rollout.hf.generation_batch_size=8",
                       "train.micro_batch_size=4", "train.steps=1", "algo.base=grpo", output_dir=tmp_path)
     # GRPO base: the step always updates (DAPO could drop every group of a weak model)
     row = Trainer(cfg, tmp_path).train_step()

@@ -2,12 +2,11 @@
 tensor-parallel pooling is collective): every engine takes an empty request list, and
 sample_rollouts turns it into an empty batch."""
 
-from meds_cli.engine.config import VLLMConfig
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.batch import sample_rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import SamplingSettings, stop_token_ids
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
 from tests.test_vllm_engine import fake_api
 
 

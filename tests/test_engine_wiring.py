@@ -15,7 +15,7 @@ from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout import engines
 from meds_cli.engine.rollout.engines import ROLLOUT_ENGINES, EngineKind, make_backend
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec
-from meds_cli.engine.rollout.hf_sampler import HFEngine
+from meds_cli.engine.rollout.hf_sampler import HFConfig, HFEngine
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -35,8 +35,14 @@ class RecordingEngine:
     def policy_updated(self):
         self.calls.append("policy_updated")
 
+    def policy_settled(self, version):
+        self.calls.append("policy_settled")
+
     def release(self):
         self.calls.append("release")
+
+    def close(self):
+        self.inner.close()
 
 
 def test_engine_is_released_for_the_update_and_told_of_every_optimizer_step(tmp_path):
@@ -47,7 +53,8 @@ def test_engine_is_released_for_the_update_and_told_of_every_optimizer_step(tmp_
     row = trainer.train_step()
     assert row["optimizer_steps"] == 2
     # released before the scoring pass, and again before the update (a no-op for an engine already asleep)
-    assert trainer.engine.calls == ["generate", "release", "release", "policy_updated", "policy_updated"]
+    assert trainer.engine.calls == ["generate", "release", "release", "policy_updated", "policy_updated",
+                                    "policy_settled"]
 
 
 def test_hf_engine_logprobs_agree_with_the_trainer_and_the_gap_is_logged(tmp_path):
@@ -105,8 +112,8 @@ def refuse_top_p_below_one(cfg):
 @pytest.fixture
 def greedy_registered(monkeypatch):
     """Registers the `greedy` engine for one test (monkeypatch removes it afterwards)."""
-    def for_training(cfg, model, tokenizer, **_):
-        return GreedyEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+    def for_training(settings, context):  # its settings sections and the run's context (engines.EngineContext)
+        return GreedyEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size)
 
     def for_eval(spec, settings):
         model, tokenizer = tiny_model_and_tokenizer()
@@ -118,7 +125,7 @@ def greedy_registered(monkeypatch):
     monkeypatch.setattr(ROLLOUT_ENGINES, "_entries", entries)
     ROLLOUT_ENGINES.register("greedy", "the hf decode loop, greedy whatever the temperature")(EngineKind(
         unavailable=lambda: None, preferred=lambda: False, check=refuse_top_p_below_one,
-        for_training=for_training, for_eval=for_eval))
+        for_training=for_training, for_eval=for_eval, engine_class=GreedyEngine, settings={"hf": HFConfig}))
 
 
 def test_a_registered_engine_serves_training_and_eval(tmp_path, greedy_registered):

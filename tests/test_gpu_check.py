@@ -30,7 +30,7 @@ def test_gpu_settings_are_a_valid_run_at_the_paper_length():
     assert cfg.rollout.max_new_tokens == 1024 and cfg.train.gradient_checkpointing
     assert cfg.train.mixed_precision == "bf16" and cfg.model.dtype == "float32" and not cfg.model.lora.enabled
     assert not cfg.section("dapo").dynamic_sampling  # a random model answers nothing: no group would train
-    assert cfg.rollout.generation_batch_size == cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    assert cfg.rollout.hf.generation_batch_size == cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
 
 def test_every_response_is_forced_to_the_length_limit_by_the_rollout_setting():

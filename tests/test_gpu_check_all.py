@@ -63,7 +63,7 @@ def test_fsdp2_runs_one_process_per_gpu_under_accelerate():
     assert "rollout.prompts_per_step=8" in argv
     # prompts divide over the processes
     three = next(row for row in _plan(3) if row.name.startswith("FSDP2")).argv
-    assert "rollout.prompts_per_step=6" in three and "rollout.generation_batch_size=48" in three
+    assert "rollout.prompts_per_step=6" in three and "rollout.hf.generation_batch_size=48" in three
 
 
 def test_the_launchers_accept_their_arguments():

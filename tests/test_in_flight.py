@@ -113,7 +113,7 @@ def test_bad_weights_of_a_version_are_one_line(tmp_path, tensors, says):
 
 def test_records_that_differ_between_processes_are_refused_before_anything_is_sent():
     class Unused:
-        name, starts_with_policy = "unused", True
+        name, starts_with_policy, keeps_versions = "unused", True, True
 
         def submit(self, *args):
             raise AssertionError("nothing may be sent")

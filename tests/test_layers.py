@@ -204,3 +204,41 @@ def test_the_checks_catch_a_bad_import(graph):
 def test_a_lazy_import_inside_a_function_counts():
     tree = ast.parse("def f():\n    from meds_cli.engine.model_io.model import load_tokenizer\n")
     assert "meds_cli.engine.model_io.model" in imported_names(tree, "algorithms.x", False)
+
+
+# ---------------------------------------------------------------- the loop stays one screen
+
+
+def counted_imports(graph: dict[str, set[str]], module: str) -> set[str]:
+    """The project modules `module` imports, a package left out where one of its modules is named
+    (`from meds_cli.engine.run_folders import checkpoints` is one import)."""
+    names = graph[module]
+    return {name for name in names if not any(other.startswith(name + ".") for other in names)}
+
+
+def node_lines(path: Path, name: str) -> int:
+    """Lines of the class or function `name` (the first found) in `path`, decorators left out."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == name)
+    return node.end_lineno - node.lineno + 1
+
+
+ENGINE = ROOT / "meds_cli" / "engine"
+
+
+def test_the_loop_and_the_run_config_stay_small(graph):
+    """trainer.py reads as the loop itself (architecture.md, "Rooms inside the engine"): few imports,
+    the Trainer class under 250 lines, one step on one screen; the run config names few modules
+    (engines and algorithms register their own sections)."""
+    assert len(counted_imports(graph, "meds_cli.engine.trainer")) <= 12, sorted(counted_imports(
+        graph, "meds_cli.engine.trainer"))
+    assert node_lines(ENGINE / "trainer.py", "Trainer") < 250
+    assert node_lines(ENGINE / "trainer.py", "train_step") <= 40
+    assert len(counted_imports(graph, "meds_cli.engine.config")) <= 15, sorted(counted_imports(
+        graph, "meds_cli.engine.config"))
+
+
+def test_the_size_checks_count_what_they_say():
+    graph = {"m": {"meds_cli.engine.run_folders", "meds_cli.engine.run_folders.checkpoints", "meds_cli.core.markup"}}
+    assert counted_imports(graph, "m") == {"meds_cli.engine.run_folders.checkpoints", "meds_cli.core.markup"}
+    assert node_lines(Path(__file__), "node_lines") == 5

@@ -222,7 +222,7 @@ def test_rows_longer_than_the_budget_are_said_once(monkeypatch, capsys):
     batch = varied_batch(tokenizer)
     settings = SimpleNamespace(micro_batch_tokens=30, micro_batch_size=2, packing=Packing(), share_prompts=False)
     acc = SimpleNamespace(num_processes=1, is_main_process=True)
-    plans = [update.plan_micro_batches(batch, list(range(batch.size)), settings, acc) for _ in range(2)]
+    plans = [update.plan_update_micro_batches(batch, list(range(batch.size)), settings, acc) for _ in range(2)]
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "3 rows" in err and "train.micro_batch_tokens=30" in err
     # rows 0, 3 and 5 (responses of 40, 25 and 33 characters, one token each, plus EOS and a prompt

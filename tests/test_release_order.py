@@ -6,8 +6,8 @@ wake-up runs out of memory)."""
 import torch
 
 import meds_cli.engine.trainer as trainer_module
-from meds_cli.engine.config import VLLMConfig
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 from tests.test_vllm_engine import _engine
@@ -38,6 +38,12 @@ class RecordingEngine:
 
     def policy_updated(self):
         self.events.append("update")
+
+    def policy_settled(self, version):
+        pass
+
+    def close(self):
+        pass
 
 
 def test_the_engine_is_released_before_the_scoring_pass(tmp_path, monkeypatch):

@@ -264,7 +264,7 @@ def test_one_real_step_on_smollm2(tmp_path):
 
     cfg = tiny_config("model.name=smollm2-135m", "task.name=arithmetic", "algo.name=rlif-multireward",
                       "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32",
-                      "rollout.generation_batch_size=8", "train.micro_batch_size=4", "train.steps=1",
+                      "rollout.hf.generation_batch_size=8", "train.micro_batch_size=4", "train.steps=1",
                       "train.ppo_epochs=2", output_dir=tmp_path)
     row = Trainer(cfg, tmp_path).train_step()
     assert math.isfinite(row["loss"]) and math.isfinite(row["rlif/certainty_mean"])

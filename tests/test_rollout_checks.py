@@ -324,7 +324,7 @@ class BadWorker:
     """A stand-in for the hf worker (a SeparateEngine): honest samples by the fake server's rule,
     with `fault` applied to the first sample of each job from the second job on."""
 
-    name, records_lens, reads_policy_weights, starts_with_policy = "hf-worker", False, False, True
+    name, records_lens, reads_policy_weights, starts_with_policy, keeps_versions = "hf-worker", False, False, True, True
 
     def __init__(self, fault):
         self.fault, self.jobs, self.version = fault, {}, 0
@@ -358,6 +358,9 @@ class BadWorker:
 
     def job_times(self, since):
         return []
+
+    def take_retries(self):
+        return 0
 
     def close(self):
         pass

@@ -24,6 +24,7 @@ from meds_cli.engine.rollout.pipeline import (
     staleness,
 )
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.trainer import Trainer
 from tests.conftest import tiny_config
 
@@ -81,7 +82,7 @@ class FakeApart:
     """Samples at once, from the version last pushed (or `lag` versions older, to test the bound)."""
 
     name, records_lens, reads_policy_weights = "fake", False, False
-    starts_with_policy = True
+    starts_with_policy, keeps_versions = True, True
 
     def __init__(self, lag: int = 0):
         self.version, self.lag, self.calls, self.tickets = 0, lag, [], {}
@@ -106,6 +107,9 @@ class FakeApart:
     def job_times(self, since):
         return [(1.0, 2.0)]
 
+    def take_retries(self):
+        return 0
+
     def close(self):
         self.calls.append("close")
 
@@ -121,7 +125,7 @@ def test_prefetched_requests_are_taken_and_versions_recorded():
     engine = FakeApart()
     pipe = RolloutPipeline(engine, max_staleness=1)
     pipe.prefetch(requests(10), SETTINGS, step=2)
-    pipe.finish_update(1)
+    pipe.policy_settled(1)
     out = pipe.generate(requests(10), SETTINGS)  # the prefetched job: no new submit, no push
     assert engine.calls == [("submit", 0)]
     assert [s.token_ids for s in out[0]] == [[3], [4]] and {s.policy_version for s in out[0]} == {0}
@@ -132,9 +136,9 @@ def test_prefetched_requests_are_taken_and_versions_recorded():
 def test_a_job_staler_than_allowed_is_sampled_again():
     engine = FakeApart(lag=1)  # every job comes back one version older than pushed
     pipe = RolloutPipeline(engine, max_staleness=1)
-    pipe.finish_update(1)
+    pipe.policy_settled(1)
     pipe.prefetch(requests(10), SETTINGS, step=3)  # pushed 1, sampled from 0
-    pipe.finish_update(2)
+    pipe.policy_settled(2)
     out = pipe.generate(requests(10), SETTINGS)  # 2 - 0 = 2 > 1: sampled again from 2 - 1 = 1
     assert out[0][0].policy_version == 1
     assert pipe.step_metrics((0.0, 4.0))["rollouts_sampled_again"] == 1.0
@@ -217,8 +221,32 @@ def test_worker_at_k1_trains_on_rollouts_one_version_old(tmp_path):
         assert row["rollout/staleness_mean"] == 1.0 and row["rollout/staleness_max"] == 1.0
         assert "rollouts_sampled_again" not in row
     assert [r["rollouts_in_flight"] for r in rows] == [1.0, 1.0, 1.0, 0.0]  # the last step prefetches nothing
+    assert [r["rollout/prefetch_miss"] for r in rows] == [0.0] * 4  # every planned round was the step's own
     for key in ("time_wait_rollouts_s", "time_sampler_idle_s", "overlap_share"):
         assert all(r[key] >= 0 for r in rows)
+
+
+def test_a_seed_draw_that_drifts_from_the_plan_is_counted_as_prefetch_misses(tmp_path, monkeypatch, capsys):
+    """A change to the order of the step's seed draws (here one draw more before each round) makes
+    every planned round a miss: the steps sample again, and metrics.jsonl and a warning say so."""
+    from meds_cli.engine.rollout.batch import draw_seeds
+    from meds_cli.engine.rollout.source import RolloutSource
+
+    original = RolloutSource.round_seeds
+
+    def drifted(self, generator, prompts):
+        if generator is self._seeds:  # the step's own draw, not the plan's replay of it
+            draw_seeds(prompts, self.plan.group_size, generator)
+        return original(self, generator, prompts)
+
+    monkeypatch.setattr(RolloutSource, "round_seeds", drifted)
+    rows, _ = _run(tmp_path, "hf-worker", 1, 3)
+    assert [r["rollout/prefetch_miss"] for r in rows] == [1.0, 1.0, 1.0]
+    assert all(r["rollout/staleness_max"] == 0.0 for r in rows)  # sampled again, from the newest weights
+    logged = [r["rollout/prefetch_miss"] for r in MetricsLog(tmp_path / "metrics.jsonl").rows()]
+    assert logged == [1.0, 1.0, 1.0]
+    warning = capsys.readouterr().err
+    assert warning.count("planned sampling round") == 1 and "rollout/prefetch_miss" in warning
 
 
 def test_a_killed_worker_ends_the_run_in_one_line_with_the_checkpoint_intact(tmp_path):
@@ -264,7 +292,6 @@ def test_dapo_extra_rounds_replan_the_next_prefetch(tmp_path):
 def test_a_resume_at_k1_samples_the_jobs_in_flight_from_their_own_weights_exactly(tmp_path):
     from safetensors.torch import load_file
 
-    from meds_cli.engine.run_folders.run_dir import MetricsLog
     from meds_cli.engine.trainer import TIMING_KEYS
 
     # DAPO: the copy task gives it a reward spread to train on, and extra rounds that replan the prefetch

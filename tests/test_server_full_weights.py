@@ -182,7 +182,7 @@ def test_full_fine_tuning_sends_every_weight_once_per_optimizer_step(fake, nccl_
 
 def test_lora_with_sync_merged_sends_the_merged_weights(fake, nccl_faked, tmp_path):
     trainer = _trainer(tmp_path, fake.url, 0, "rollout.vllm.sync=merged")
-    assert trainer.pipeline.snapshot is None  # live weights only: no adapter kept for a checkpoint
+    assert trainer.source.pipeline.snapshot is None  # live weights only: no adapter kept for a checkpoint
     base_names = [n.replace("base_model.model.", "").replace(".base_layer", "")
                   for n, _ in trainer.model.named_parameters() if ".lora_" not in n]
     _steps(trainer, 2)

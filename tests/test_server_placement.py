@@ -184,7 +184,7 @@ def test_only_the_nodes_first_process_starts_the_server_the_others_connect(two_g
                                                                           model_folder, tmp_path):
     import torch
 
-    from meds_cli.engine.rollout.engines import _server_for_training
+    from meds_cli.engine.rollout.engines import EngineContext, _server_for_training, engine_settings
 
     fake = FakeVLLMServer().start()
     try:
@@ -194,7 +194,8 @@ def test_only_the_nodes_first_process_starts_the_server_the_others_connect(two_g
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
         cfg = _placed_config(model_folder, tmp_path, port)
         model, tokenizer = tiny_model_and_tokenizer()
-        engine = _server_for_training(cfg, model, tokenizer, task=None, scratch_dir=tmp_path / "scratch")
+        engine = _server_for_training(engine_settings(cfg, "vllm-server"), EngineContext.of(
+            cfg, model, tokenizer, task=None, scratch_dir=tmp_path / "scratch"))
         engine.close()
     finally:
         fake.stop()
@@ -203,13 +204,14 @@ def test_only_the_nodes_first_process_starts_the_server_the_others_connect(two_g
 
 def test_a_placement_that_overlaps_the_trainers_gpus_ends_before_any_server_starts(two_gpus_and_a_fake_serve,
                                                                                   monkeypatch, model_folder, tmp_path):
-    from meds_cli.engine.rollout.engines import _server_for_training
+    from meds_cli.engine.rollout.engines import EngineContext, _server_for_training, engine_settings
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 processes on 2 GPUs, one of them the server's
     cfg = _placed_config(model_folder, tmp_path, 1)
     model, tokenizer = tiny_model_and_tokenizer()
     with pytest.raises(UserError, match=r"2 training processes on this node would compute on GPUs 0, 1, "
                                         r"overlapping the server's \(1\)"):
-        _server_for_training(cfg, model, tokenizer, task=None, scratch_dir=tmp_path / "scratch")
+        _server_for_training(engine_settings(cfg, "vllm-server"), EngineContext.of(
+            cfg, model, tokenizer, task=None, scratch_dir=tmp_path / "scratch"))
     assert two_gpus_and_a_fake_serve == []
 

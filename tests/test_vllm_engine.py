@@ -12,12 +12,18 @@ import torch
 from safetensors.torch import save_file
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.config import LoraConfig, VLLMConfig, load_config
+from meds_cli.engine.config import LoraConfig, load_config
 from meds_cli.engine.model_io.model import apply_lora
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer
 from meds_cli.engine.rollout.engines import resolve_engine
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine, merged_weights, supported_lora_rank, vllm_available
+from meds_cli.engine.rollout.vllm_engine import (
+    VLLMConfig,
+    VLLMEngine,
+    merged_weights,
+    supported_lora_rank,
+    vllm_available,
+)
 
 STOP = 99
 

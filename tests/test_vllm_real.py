@@ -28,13 +28,13 @@ from typer.testing import CliRunner  # noqa: E402
 from benchmarks.generation import GenerationSettings, Request  # noqa: E402
 from benchmarks.tasks import build_task  # noqa: E402
 from meds_cli.app import app  # noqa: E402
-from meds_cli.engine.config import VLLMConfig, load_config  # noqa: E402
+from meds_cli.engine.config import load_config  # noqa: E402
 from meds_cli.engine.model_io.model import load_model_and_tokenizer, resolve_model  # noqa: E402
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer  # noqa: E402
 from meds_cli.engine.rollout.batch import sample_rollouts, sampling_settings  # noqa: E402
 from meds_cli.engine.rollout.engines import make_backend  # noqa: E402
 from meds_cli.engine.rollout.eval_backends import ModelSpec  # noqa: E402
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine  # noqa: E402
 from meds_cli.engine.trainer import Trainer  # noqa: E402
 from meds_cli.engine.training.scoring import score_rollouts  # noqa: E402
 from tests.conftest import needs_embedded  # noqa: E402
@@ -102,7 +102,7 @@ def run_settings(model: Path, reward: Path, algo: str, *extra: str) -> list[str]
     return [f"model.name={model}", "task.name=copy", f"algo.name={algo}", "rollout.engine=vllm",
             "rollout.vllm.dtype=float32", "rollout.vllm.enforce_eager=true", "rollout.vllm.max_model_len=256",
             "rollout.max_new_tokens=8", "rollout.prompts_per_step=4", "rollout.group_size=4",
-            "rollout.generation_batch_size=16", "train.micro_batch_size=16", "train.checkpoint_every=0",
+            "rollout.hf.generation_batch_size=16", "train.micro_batch_size=16", "train.checkpoint_every=0",
             "optim.warmup_steps=0", "optim.lr=0.05", "model.lora.rank=8", f"reward.functions={reward}:digit_share",
             "dapo.dynamic_sampling=false", "meds.cluster_workers=1", *extra]
 

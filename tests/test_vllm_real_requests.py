@@ -14,10 +14,9 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine
 
-from meds_cli.engine.config import VLLMConfig  # noqa: E402
 from meds_cli.engine.model_io.tiny import tiny_model_and_tokenizer  # noqa: E402
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings  # noqa: E402
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine  # noqa: E402
 
 SETTINGS = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=6, stop_ids=(1,))
 

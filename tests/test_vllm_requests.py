@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.config import VLLMConfig, load_config
+from meds_cli.engine.config import load_config
 from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
-from meds_cli.engine.rollout.vllm_engine import VLLMEngine
+from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine
 from tests.test_vllm_engine import FakeLoRARequest, FakeSamplingParams, FakeTokensPrompt
 
 SETTINGS = SamplingSettings(temperature=1.0, top_p=1.0, max_new_tokens=4, stop_ids=(99,))

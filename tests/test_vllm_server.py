@@ -141,7 +141,7 @@ def test_the_version_that_sampled_is_recorded_per_rollout(fake, tmp_path):
         pipeline = trainer.engine
         assert isinstance(pipeline, RolloutPipeline)
         request = [SampleRequest((3, 4), (1, 2))]
-        pipeline.finish_update(1)
+        pipeline.policy_settled(1)
         samples = pipeline.generate(request, SETTINGS)[0]
         assert {s.policy_version for s in samples} == {1}
     finally:
@@ -315,13 +315,14 @@ def test_a_resume_at_k1_against_a_deterministic_server_samples_what_the_uninterr
 ])
 def test_what_the_server_engine_refuses_with_several_training_processes(settings, world, on_node, named):
     from meds_cli.core.errors import UserError
-    from meds_cli.engine.rollout.engines import _several_processes_check
+    from meds_cli.engine.rollout.engines import _several_processes_check, sends_full_weights
 
     cfg = tiny_config("rollout.engine=hf", *settings)
+    facts = (sends_full_weights(cfg), cfg.rollout.server.start)
     with pytest.raises(UserError) as refused:
-        _several_processes_check(cfg, world, on_node)
+        _several_processes_check(*facts, world, on_node)
     assert named in str(refused.value)
-    _several_processes_check(cfg, 1, 1)  # one process: nothing refused
+    _several_processes_check(*facts, 1, 1)  # one process: nothing refused
     if "start" not in settings[0]:
         return
-    _several_processes_check(cfg, 2, 2)  # one node: its server serves every process
+    _several_processes_check(*facts, 2, 2)  # one node: its server serves every process

@@ -81,11 +81,15 @@ class ForwardView:
         return self.logits
 
 
+def peft_base(model):
+    """The transformers model inside peft's wrapper (the model itself where there is none): the
+    one unwrap every reader of the model's own layout (layers, head, forward signature) uses."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def output_head(model):
     """(final norm, lm_head) of a causal LM, for the logit lens; works through peft and DDP wrappers."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
+    inner = peft_base(getattr(model, "module", model))
     body = getattr(inner, "model", None)
     norm = getattr(body, "norm", None) if body is not None else None
     return norm, inner.get_output_embeddings()
@@ -100,9 +104,7 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
 def decoder_layers(model):
     """The decoder layers of a causal LM (`model.model.layers` in Llama, Qwen2, Mistral, Gemma),
     through peft and DDP wrappers, or None where the model is laid out otherwise."""
-    inner = getattr(model, "module", model)
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
+    inner = peft_base(getattr(model, "module", model))
     layers = getattr(getattr(inner, "model", None), "layers", None)
     return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
 
@@ -145,6 +147,5 @@ def cache_keyword(model) -> str:
     (the old name warns)."""
     import inspect
 
-    inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    inner = peft_base(getattr(model, "module", model))
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"

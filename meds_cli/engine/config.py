@@ -29,10 +29,7 @@ from benchmarks.tasks import OPERATIONS
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.core.files import read_user_text, replace_text
-from meds_cli.engine.rollout.engines import check_engine_settings
-from meds_cli.engine.rollout.hf_worker import WorkerConfig
-from meds_cli.engine.rollout.vllm_engine import VLLMConfig
-from meds_cli.engine.rollout.vllm_server import ServerConfig
+from meds_cli.engine.rollout.engines import check_engine_settings, engine_sections
 from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import IS_CORRECTIONS, truncation_of_sampler
 from meds_cli.engine.training.packing import PADDING_FREE_SETTINGS
@@ -137,7 +134,9 @@ class RewardConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutSettings:
+    """The rollout section's own settings; RolloutConfig adds one section per engine settings class."""
+
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
     temperature: float = doc(1.0, "sampling temperature",
@@ -146,7 +145,6 @@ class RolloutConfig:
     max_new_tokens: int = doc(64, "response length limit; longer responses are truncated", at_least(1))
     min_new_tokens: int = doc(0, "stop tokens are held back before this many tokens (min = max forces equal lengths, "
                                  "for benchmarks)", at_least(0))
-    generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine", at_least(1))
     engine: str = doc("hf", "rollout engine: hf (the training model itself), hf-worker (the hf engine in a worker "
                       "process of its own), vllm (colocated vLLM; needs the vllm package, `make setup-vllm` on CPU), "
                       "vllm-server (a `vllm serve` on devices of its own: rollout.server), auto (vllm where it is "
@@ -161,10 +159,6 @@ class RolloutConfig:
                                 "pi_old / pi_sampler, leaving out tokens where that exceeds tis_cap")
     tis_cap: float = doc(2.0, "cap of the importance weight pi_old / pi_sampler (tis: truncated at it; decoupled: "
                               "tokens above it left out)", FINITE_POSITIVE)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    worker: WorkerConfig = field(default_factory=WorkerConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-
     def validate(self, prefix: str) -> None:
         require(self.min_new_tokens <= self.max_new_tokens,
                 f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
@@ -173,6 +167,42 @@ class RolloutConfig:
                 f"{prefix}is_correction={self.is_correction} compares the sampler's log-probs with the full softmax, "
                 f"but {prefix}{truncation}; use is_correction=none, or top_p=1 and min_new_tokens=0")
 
+
+
+def with_engine_sections(base: type) -> type:
+    """`base` plus a section per registered engine settings class (engines.py: rollout.hf,
+    rollout.worker, rollout.vllm, rollout.server), so that an engine's settings are declared
+    beside the engine and the YAML paths stay rollout.<section>.<key>."""
+    cls = dataclasses.make_dataclass("RolloutConfig", [(name, section, field(default_factory=section))
+                                                       for name, section in engine_sections().items()], bases=(base,))
+    cls.__module__ = __name__
+    return cls
+
+
+RolloutConfig = with_engine_sections(RolloutSettings)
+
+# keys that moved: old path -> new path, still read (a note says where they went)
+MOVED_KEYS = {("rollout", "generation_batch_size"): ("rollout", "hf", "generation_batch_size")}
+
+
+def read_moved_keys(data: dict, say=None) -> dict:
+    """`data` with keys that moved (MOVED_KEYS) at their new place, a note said for each; the new
+    place wins where both are given."""
+    import sys
+
+    say = say or (lambda text: print(text, file=sys.stderr))
+    for old, new in MOVED_KEYS.items():
+        parent = data.get(old[0])
+        if not isinstance(parent, dict) or old[1] not in parent:
+            continue
+        parent = dict(parent)
+        value = parent.pop(old[1])
+        target = parent.setdefault(new[1], {})
+        if isinstance(target, dict):
+            parent[new[1]] = {new[2]: value, **target}
+        data = {**data, old[0]: parent}
+        say(f"note: {'.'.join(old)} is now {'.'.join(new)} (read as such)")
+    return data
 
 @dataclass
 class OptimConfig:
@@ -381,6 +411,7 @@ def build(cls, data: dict | None, prefix: str = ""):
 
 
 def build_run_config(data: dict) -> RunConfig:
+    data = read_moved_keys(data)
     sections = algorithm_sections()
     fixed = {k: v for k, v in data.items() if k in FIXED_SECTIONS}
     for key in data:

@@ -1,28 +1,27 @@
 """The one training loop, for every algorithm. One step (`Trainer.train_step`):
 
   collect     sample rounds of prompts until the step has its groups, grade and reward them
-              (engine/training/collect.py, the engine behind engine/rollout/)
+              (engine/training/collect.py; the rollouts come from the rollout source,
+              engine/rollout/source.py, with the engine behind it)
   score       the no-grad scoring pass where the algorithm or the update needs it, then the
               algorithm shapes the rewards and computes advantages (engine/training/scoring.py)
   update      the policy's optimizer steps over the batch (engine/training/update.py)
-  sync        the engine takes the new weights (inside the update: engine.policy_updated)
+  sync        the engine takes the new weights (inside the update: engine.policy_updated; then
+              source.policy_settled(step): the weights are version `step`)
   log         the step's metrics, averaged over processes, into metrics.jsonl and the trackers
-              (with an engine apart: the rollouts' staleness, the waiting and the overlap)
+              (the source's too: with an engine apart, the rollouts' staleness, the waiting,
+              the overlap and the planned rounds a step did not use)
   checkpoint  every train.checkpoint_every steps, at the end and on Ctrl-C (run_folders/checkpoints.py)
 
 Accelerate owns devices, mixed precision and process groups; peft owns the adapter. The loop
 calls the algorithm's hooks (algorithms/base.py) and never asks which algorithm it runs. What
 it works with is built once, in order, by engine/trainer_parts.py.
 
-Off-policy steps (`rollout.max_staleness: k` >= 1, an engine that runs apart from the trainer):
-each step first submits the first sampling round of each of the next k steps (the prompts and
-per-sample seeds those steps will draw, with the weights of now), so that the engine samples
-them while this step trains; a step then asks for its round as always and gets the rollouts
-sampled meanwhile (engine/rollout/pipeline.py). Steps still consume rollouts in the order they
-were sampled, so algorithms with state (MEDS's memory, EDAS's warm-up) see that order; DAPO's
-extra rounds are sampled when asked, through the same engine, from the newest weights. A
-checkpoint records the jobs in flight (and, with LoRA, their versions' adapters), which a
-resume submits again (engine/rollout/in_flight.py).
+Off-policy steps (`rollout.max_staleness: k` >= 1, an engine that runs apart from the trainer)
+are the rollout source's business (engine/rollout/source.py): it samples the first round of the
+next k steps while this step trains, re-plans after DAPO's extra rounds, reports staleness and
+records what is in flight at a checkpoint. The loop makes the same calls with a colocated
+engine, for which the source has nothing ahead.
 
 Data parallelism: every process samples its share of each step's prompts (the prompt sampler
 advances identically everywhere), and the loss of every micro-batch is normalised by counts of
@@ -36,14 +35,8 @@ import signal
 import time
 from pathlib import Path
 
-import torch
-
-from benchmarks.tasks import PromptSampler
 from meds_cli.core.markup import plain
 from meds_cli.engine.config import to_dict
-from meds_cli.engine.rollout.batch import sample_requests, sample_rollouts, sampling_settings
-from meds_cli.engine.rollout.in_flight import read_in_flight, save_in_flight, trained_shapes
-from meds_cli.engine.rollout.pipeline import RolloutPipeline, staleness
 from meds_cli.engine.rollout.quick_eval import held_out_accuracy
 from meds_cli.engine.run_folders import checkpoints
 from meds_cli.engine.run_folders.samples_log import record_samples, should_log_samples
@@ -69,9 +62,8 @@ class Trainer:
         parts = build_parts(cfg, self.run_dir, accelerator, model_and_tokenizer)  # see TrainerParts
         self.acc, self.world, self.rank, self.collectives = parts.acc, parts.world, parts.rank, parts.collectives
         self.task, self.algorithm, self.reward_functions = parts.task, parts.algorithm, parts.reward_functions
-        self.tokenizer, self.sampler, self.tracker = parts.tokenizer, parts.sampler, parts.tracker
-        self.policy, self.reference, self.engine, self.metrics = parts.policy, parts.reference, parts.engine, \
-            parts.metrics
+        self.tokenizer, self.tracker, self.source = parts.tokenizer, parts.tracker, parts.source
+        self.policy, self.reference, self.metrics = parts.policy, parts.reference, parts.metrics
         self.share_prompts, self.update_settings = parts.share_prompts, parts.update_settings
         self.forward_needs, self.lens_probe, self.scoring = parts.forward_needs, parts.lens_probe, parts.scoring
         self.sampler_is_full_softmax = parts.sampler_is_full_softmax
@@ -87,9 +79,13 @@ class Trainer:
         return self.acc.unwrap_model(self.model)
 
     @property
-    def pipeline(self) -> RolloutPipeline | None:
-        """The engine when it runs apart from the trainer (engine/rollout/pipeline.py), else None."""
-        return self.engine if isinstance(self.engine, RolloutPipeline) else None
+    def engine(self):
+        """The rollout engine, behind the rollout source (engine/rollout/source.py)."""
+        return self.source.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:
+        self.source.engine = engine
 
     # The policy's parts, as the loop, checkpoints and tests read them (engine/training/update.py).
     model = property(lambda self: self.policy.model)
@@ -104,20 +100,10 @@ class Trainer:
         seed_everything(step_seed(self.cfg.train.seed, step, self.rank))  # a resume samples the same
         timing = {"time_generate_s": 0.0, "time_score_s": 0.0, "generated_tokens": 0}
         t_start = time.perf_counter()
-        t_window = time.monotonic()  # the pipeline's clock, for the overlap with the engine apart
-        pipeline = self.pipeline
-        if pipeline is not None and pipeline.max_staleness:
-            self._prefetch(pipeline, step, pipeline.max_staleness + 1)
+        self.source.begin_step(step)  # an engine apart starts on the rounds planned for the next steps
         batch, sampled, info = self.collect(timing)  # sampled, rewarded, shaped, with advantages
         t_train = time.perf_counter()
         row = {"step": step, **info, **rollout_metrics(sampled)}
-        if pipeline is not None:
-            pipeline.forget_through(step)
-            if pipeline.max_staleness and info["generation_rounds"] > 1:
-                # extra rounds (DAPO) moved the prompts: what was planned for the next steps misses
-                pipeline.forget_through(self.cfg.train.steps)
-                self._prefetch(pipeline, step + 1, pipeline.max_staleness)
-            row.update(staleness_metrics(sampled, step - 1))
         if batch is not None:
             row["reward_shaped"] = batch.rewards.mean().item()
             row.update(self.update(batch))  # fills batch.old_logp where no scoring pass did; syncs the engine
@@ -128,8 +114,7 @@ class Trainer:
         else:
             row["skipped_update"] = 1.0  # a process kept no group, so no process updates
         row.update(self.diversity.step_metrics(sampled, batch))  # every process: it sums a count over them
-        if pipeline is not None:
-            pipeline.finish_update(step)  # the weights are version `step`, sent with the next job
+        self.source.policy_settled(step)  # the weights are version `step` (an engine apart: sent with its next job)
         if should_log_samples(step, self.cfg.train.log_samples_every) and self.acc.is_main_process:
             record_samples(self.run_dir, step, batch if batch is not None else sampled,
                            self.cfg.train.log_samples_prompts, self.tracker)
@@ -138,8 +123,7 @@ class Trainer:
         timing["time_step_s"] = time.perf_counter() - t_start
         timing["tokens_per_s"] = timing["generated_tokens"] / max(timing["time_generate_s"], 1e-9)
         row.update({k: v for k, v in timing.items() if k != "generated_tokens"})
-        if pipeline is not None:
-            row.update(pipeline.step_metrics((t_window, time.monotonic())))
+        row.update(self.source.step_metrics(sampled))  # staleness, waiting and overlap, prefetch misses
         self.step = step
         if self.cfg.eval.every and step % self.cfg.eval.every == 0:
             row.update(self.quick_eval())
@@ -179,9 +163,7 @@ class Trainer:
 
     def close(self) -> None:
         """Stop an engine that runs apart (its worker or server); nothing for one in this process."""
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        self.source.close()
 
     # ------------------------------------------------------------ collect and score
 
@@ -189,9 +171,10 @@ class Trainer:
         """Sample rounds until this step has its groups (dynamic sampling), then shape and advantage them."""
         algo = self.algorithm
         batch, sampled, info = collect_groups(
-            self.sampler, algo, lambda indices: self._sample(indices, timing), self.collectives,
+            self.source.prompts, algo, lambda indices: self._sample(indices, timing), self.collectives,
             prompts_per_step=self.cfg.rollout.prompts_per_step, rank=self.rank,
             sample_when_full=self.sharded is not None, pad_token_id=self.tokenizer.pad_token_id)
+        self.source.rounds_done(info["generation_rounds"])  # extra rounds (DAPO) replan the rounds ahead
         self._warn_if_short(info)
         if batch is None:
             return None, sampled, info
@@ -207,18 +190,14 @@ class Trainer:
 
     def _sample(self, indices: list[int], timing: dict):
         """This process's `indices` sampled G times each, then graded and rewarded."""
-        cfg = self.cfg
-        problems = [self.task.train[i] for i in indices]
-        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
         t0 = time.perf_counter()
         self.unwrapped.eval()
         # Under the update's autocast, as the scoring pass: the lens values the decode loop records
         # then equal the pass's. (A model Accelerate prepared runs its forward under autocast anyway;
         # under FSDP2 it is not prepared.) The gather is collective under FSDP2: every process enters.
         with self._gathered_for_engine(), self.acc.autocast():
-            batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, cfg.rollout.group_size,
-                                    sampling_settings(cfg.rollout, self.tokenizer, lens=self.lens_probe),
-                                    vocab_size=self.unwrapped.get_input_embeddings().num_embeddings)
+            batch, problems, prompts = self.source.sample(
+                indices, vocab_size=self.unwrapped.get_input_embeddings().num_embeddings)
         timing["time_generate_s"] += time.perf_counter() - t0
         timing["generated_tokens"] += int(batch.response_mask.sum())
         if not indices:  # entered the engine's call only
@@ -227,33 +206,9 @@ class Trainer:
             return batch
         if self.scoring == "sampled":  # the rewards or the keep decision read the scoring pass
             self._score(batch, timing)
-        reward_rollouts(batch, problems, prompts, cfg.rollout.group_size, self.task, self.algorithm,
+        reward_rollouts(batch, problems, prompts, self.cfg.rollout.group_size, self.task, self.algorithm,
                         self.reward_functions)
         return batch
-
-    def _prefetch(self, pipeline: RolloutPipeline, first: int, count: int) -> None:
-        """Submit the first round of the `count` steps from `first` on not yet submitted, `first`
-        being the step the prompt sampler stands at (module docstring)."""
-        settings = sampling_settings(self.cfg.rollout, self.tokenizer)
-        for ahead in range(count):
-            planned = first + ahead
-            if planned > self.cfg.train.steps:
-                break
-            if planned not in pipeline.prefetched_steps():
-                pipeline.prefetch(self._planned_requests(planned, ahead), settings, planned)
-
-    def _planned_requests(self, step: int, ahead: int):
-        """The requests of step `step`'s first round, `ahead` steps from now, as that step will draw
-        them: the prompts the sampler gives then (one round per step before it) and the seeds
-        sample_rollouts draws first from that step's seed."""
-        cfg = self.cfg
-        per_step = cfg.rollout.prompts_per_step
-        order = PromptSampler(self.sampler.size, self.sampler.seed, self.sampler.position + ahead * per_step)
-        problems = [self.task.train[i] for i in order.take(per_step)[self.rank::self.world]]
-        prompts = [self.task.prompt(p, self.tokenizer) for p in problems]
-        generator = torch.Generator().manual_seed(step_seed(cfg.train.seed, step, self.rank))
-        seeds = torch.randint(0, 2**62, (len(prompts), cfg.rollout.group_size), generator=generator).tolist()
-        return sample_requests(self.tokenizer, prompts, seeds)
 
     def _gathered_for_engine(self):
         """Under FSDP2, the whole policy gathered for an engine that samples from the training model
@@ -320,14 +275,8 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints (run_folders/checkpoints.py)
 
     def _training_state(self) -> checkpoints.TrainingState:
-        pipeline = self.pipeline
-
-        def write_in_flight(folder: Path, rank: int) -> None:  # the sampling in flight (engine/rollout/in_flight.py)
-            save_in_flight(folder, rank, *pipeline.in_flight())
-
-        in_flight = write_in_flight if pipeline is not None and pipeline.max_staleness else None
-        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step, self.sampler.position,
-                                         in_flight)
+        return checkpoints.TrainingState(self.policy, self.unwrapped, self.algorithm, self.step,
+                                         self.source.prompts.position, self.source.in_flight_writer())
 
     def save_checkpoint(self) -> Path:
         cfg = self.cfg
@@ -337,24 +286,7 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         state = self._training_state()
         checkpoints.load_checkpoint(self.acc, state, path, self.cfg.optim)
-        self.step, self.sampler.position = state.step, state.sampler_position
-        self.engine.policy_updated()  # an engine with its own copy of the policy takes the loaded weights
-        pipeline = self.pipeline
-        if pipeline is not None:
-            pipeline.finish_update(self.step)  # an engine apart is sent them as version `step`
-            if pipeline.max_staleness:  # the jobs in flight at the checkpoint, from their own versions' weights
-                model = self.unwrapped
-                in_flight = read_in_flight(path, self.rank, step=self.step, trained=trained_shapes(model),
-                                           vocab_size=model.get_input_embeddings().num_embeddings,
-                                           planned=lambda at: self._planned_requests(at, at - self.step - 1))
-                pipeline.resubmit(*(in_flight or ([], None)), sampling_settings(self.cfg.rollout, self.tokenizer))
+        self.step, self.source.prompts.position = state.step, state.sampler_position
+        self.source.resume(path, self.step, self.unwrapped)  # the loaded weights, and the jobs in flight then
         if self.acc.is_main_process:  # last: a checkpoint refused above leaves the metrics as they were
             self.metrics.truncate_after(self.step)
-
-
-def staleness_metrics(sampled, version: int) -> dict[str, float]:
-    """How many steps behind `version` (the weights this step trains) the step's rollouts were sampled."""
-    if sampled.sampler_version is None or sampled.size == 0:
-        return {}
-    behind = staleness(sampled.sampler_version.tolist(), version)
-    return {"rollout/staleness_mean": sum(behind) / len(behind), "rollout/staleness_max": float(max(behind))}

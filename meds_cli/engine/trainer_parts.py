@@ -1,7 +1,8 @@
 """What the training loop (engine/trainer.py) works with, built once and in order: the
 accelerator and its collectives, the task and its prompt sampler, the algorithm, the user's
 reward functions, the policy (model, adapter, optimizer, learning-rate schedule), the run
-folder's metrics log and tracker, the rollout engine, the plan of the scoring pass and the diversity probe.
+folder's metrics log and tracker, the rollout engine and the rollout source before it, the plan
+of the scoring pass and the diversity probe.
 
 The order matters: the global seed is set after the task and the algorithm are built and before
 the model loads (a tiny model's LoRA weights come from it), and the engine is made after the
@@ -21,7 +22,9 @@ from meds_cli.core.errors import UserError
 from meds_cli.core.forward import decoder_layers
 from meds_cli.core.markup import plain
 from meds_cli.engine.model_io.model import apply_lora, load_model_and_tokenizer, reference_context
+from meds_cli.engine.rollout.batch import sampling_settings
 from meds_cli.engine.rollout.engines import make_engine
+from meds_cli.engine.rollout.source import RolloutSource, SourcePlan
 from meds_cli.engine.rollout.training_processes import TrainingProcesses
 from meds_cli.engine.run_folders.run_dir import MetricsLog
 from meds_cli.engine.run_folders.trackers import RunTracker, accelerator_kwargs
@@ -32,7 +35,7 @@ from meds_cli.engine.training.importance import truncation_of_sampler
 from meds_cli.engine.training.packing import Packing, attention_implementation, padding_free_line
 from meds_cli.engine.training.precision import choose_mixed_precision, precision_line
 from meds_cli.engine.training.scoring import has_active_dropout, scoring_pass, shares_prompts
-from meds_cli.engine.training.seeding import seed_everything
+from meds_cli.engine.training.seeding import seed_everything, step_seed
 from meds_cli.engine.training.sharding import check_distributed_setup, make_accelerator
 from meds_cli.engine.training.update import Policy, UpdateSettings, prepare_policy
 from meds_cli.engine.training.user_rewards import load_reward_functions
@@ -88,14 +91,13 @@ class TrainerParts:
     algorithm: object  # algorithms/base.py: the hooks the loop calls
     reward_functions: list  # the user's reward channels (engine/training/user_rewards.py)
     tokenizer: object
-    sampler: PromptSampler  # which problems each step takes; its position is checkpointed
     tracker: RunTracker
     policy: Policy  # model, optimizer, learning-rate schedule, FSDP2 units
     reference: object  # a context in which the policy is the reference (adapter off), or None
     share_prompts: bool  # forwards run each distinct prompt once
     update_settings: UpdateSettings
     metrics: MetricsLog  # the run folder's metrics.jsonl
-    engine: object  # the rollout engine (engine/rollout/engines.py)
+    source: RolloutSource  # a step's rollouts: the prompt order, the seeds, the engine and what it samples ahead
     forward_needs: object  # what the algorithm reads besides the update's forward
     lens_probe: object  # the logit-lens values the engine records while sampling (the algorithm's or the
     # diversity probe), or None; the algorithm is handed them where its forward_needs.lens asked
@@ -159,16 +161,22 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
                                           forward_needs.lens)
     if not_measured:
         say(acc, f"[yellow]note:[/] {plain(not_measured)}")
+    lens_probe = forward_needs.lens or probe
+    source = RolloutSource(engine, sampler, task, tokenizer, SourcePlan(
+        seed_of_step=lambda step: step_seed(cfg.train.seed, step, rank),
+        settings=sampling_settings(cfg.rollout, tokenizer, lens=lens_probe),
+        prompts_per_step=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size, steps=cfg.train.steps,
+        rank=rank, world=world), say=lambda text: say(acc, text))
     scoring = scoring_pass(forward_needs.view, uses_reference=algorithm.uses_reference,
                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
                            setting=cfg.train.scoring_pass,
                            deterministic_update=not has_active_dropout(unwrapped))
     return TrainerParts(
         acc=acc, world=world, rank=rank, collectives=collectives, task=task, algorithm=algorithm,
-        reward_functions=reward_functions, tokenizer=tokenizer, sampler=sampler, tracker=tracker, policy=policy,
+        reward_functions=reward_functions, tokenizer=tokenizer, tracker=tracker, policy=policy,
         reference=reference,
-        share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, engine=engine,
-        forward_needs=forward_needs, lens_probe=forward_needs.lens or probe, scoring=scoring,
+        share_prompts=share_prompts, update_settings=update_settings, metrics=metrics, source=source,
+        forward_needs=forward_needs, lens_probe=lens_probe, scoring=scoring,
         diversity=DiversityMetrics(tokenizer, probe, collectives.sum),
         sampler_is_full_softmax=truncation_of_sampler(cfg.rollout.top_p, cfg.rollout.min_new_tokens) is None,
         precision=precision_line(acc.mixed_precision, precision_reason(cfg.train.mixed_precision, acc, accelerator)),

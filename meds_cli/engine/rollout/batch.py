@@ -33,16 +33,28 @@ def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = Non
                             min_new_tokens=rollout_cfg.min_new_tokens, lens=lens)
 
 
+SEED_LIMIT = 2**62  # a sample's seed is below it
+
+
+def draw_seeds(prompts: int, group_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
+    """One seed per sample, `group_size` per prompt, the next draw of `generator` (None: torch's
+    global RNG). Every seed a rollout is sampled with comes from here (the rollout source's planned
+    rounds too), so two draws of one generator state give the same requests."""
+    return torch.randint(0, SEED_LIMIT, (prompts, group_size), generator=generator).tolist()
+
+
 def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
-                    settings: SamplingSettings, *, vocab_size: int | None = None) -> Rollouts:
+                    settings: SamplingSettings, *, vocab_size: int | None = None,
+                    seeds: list[list[int]] | None = None) -> Rollouts:
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
-    token ids (the chat template already holds any BOS); each sample's seed is drawn from torch's
-    RNG, which the trainer reseeds every step, so a resumed run samples the same responses.
+    token ids (the chat template already holds any BOS); each sample's seed is one of `seeds` (the
+    rollout source's, drawn from a generator of the step: source.py), else drawn from torch's
+    global RNG (draw_seeds), so a resumed run samples the same responses.
     No prompts: the engine is still called (its call may be collective, as vLLM's tensor-parallel
     pooling is) and the batch is empty. What the engine returns is checked before anything else
     reads it (rollout_check.py); `vocab_size`: the ids the policy can score (its embedding rows,
     which may pad the tokenizer's vocabulary; None: the tokenizer's)."""
-    seeds = torch.randint(0, 2**62, (len(prompts), group_size)).tolist()
+    seeds = draw_seeds(len(prompts), group_size) if seeds is None else seeds
     requests = sample_requests(tokenizer, prompts, seeds)
     samples = engine.generate(requests, settings)
     # an engine apart agrees on the outcome over the training processes: every process ends in one line

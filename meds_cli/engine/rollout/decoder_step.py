@@ -30,6 +30,7 @@ import torch
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from meds_cli.core.forward import peft_base
 from meds_cli.engine.rollout.packed_linear import packed_group
 
 MODEL_TYPES = ("llama", "qwen2")
@@ -64,9 +65,7 @@ class DecoderStep:
     def plan(cls, model, lens=None) -> DecoderStep | None:
         """The step for `model`, or None where it does not apply. With `lens` (an active
         LensRecorder) its hooks are allowed: the step records the states they would have."""
-        inner = getattr(model, "module", model)
-        if hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
+        inner = peft_base(getattr(model, "module", model))
         config, body = getattr(inner, "config", None), getattr(inner, "model", None)
         if (config is None or body is None or getattr(config, "model_type", None) not in MODEL_TYPES
                 or getattr(config, "_attn_implementation", None) not in ATTENTION

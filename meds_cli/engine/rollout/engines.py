@@ -9,19 +9,26 @@ the first registered engine that prefers this machine, else `hf`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.registry import Registry
 from meds_cli.engine.rollout.eval_backends import HFBackend, ModelSpec, VLLMBackend, cuda_available, load_hf_policy
-from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.hf_worker import HFWorkerEngine, cores_of_process, parse_cores, trained_weights
+from meds_cli.engine.rollout.hf_sampler import HFConfig, HFEngine
+from meds_cli.engine.rollout.hf_worker import (
+    HFWorkerEngine,
+    WorkerConfig,
+    cores_of_process,
+    parse_cores,
+    trained_weights,
+)
 from meds_cli.engine.rollout.pipeline import RolloutPipeline
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine
 from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 from meds_cli.engine.rollout.vllm_engine import (
+    VLLMConfig,
     VLLMEngine,
     check_vllm_settings,
     engine_dtype,
@@ -31,6 +38,7 @@ from meds_cli.engine.rollout.vllm_engine import (
     trainer_compute_dtype,
     vllm_available,
 )
+from meds_cli.engine.rollout.vllm_server import ServerConfig, VLLMServerEngine
 
 AUTO = "auto"
 DEFAULT_ENGINE = "hf"
@@ -43,12 +51,19 @@ class EngineKind:
     unavailable()  why it cannot run on this machine, or None when it can
     preferred()    `auto` picks it here
     check(cfg)     raises UserError for settings of the run config the engine would refuse
-    for_training(cfg, model, tokenizer, scratch_dir=, processes=, rank=, task=, autocast=) -> RolloutEngine
-                   (autocast: the accelerator's mixed_precision), or, for an engine that runs apart,
-                   a pipeline.SeparateEngine, which make_engine puts behind a RolloutPipeline
+    for_training(settings, context) -> RolloutEngine, or, for an engine that runs apart, a
+                   pipeline.SeparateEngine, which make_engine puts behind a RolloutPipeline;
+                   `settings`: its sections of `rollout:` by name (those of `settings` below),
+                   `context`: an EngineContext (the policy and the few facts of the run it reads)
     for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
+    engine_class   the class for_training builds: it implements every member of
+                   sampling_engine.RolloutEngine, or of pipeline.SeparateEngine where it runs apart
+                   (tests/test_engine_protocol.py checks every registered engine)
     runs_apart     it samples in a process or server of its own, so rollout.max_staleness >= 1 can
                    overlap its sampling with the update (engine/rollout/pipeline.py)
+    settings       the sections of `rollout:` it reads, by name (rollout.<name>), each a dataclass of
+                   core.fields settings; the run config holds one of each registered section
+                   (engine_sections), so an engine's settings live beside it
     """
 
     unavailable: Callable[[], str | None]
@@ -56,10 +71,55 @@ class EngineKind:
     check: Callable[[object], None]
     for_training: Callable[..., RolloutEngine]
     for_eval: Callable[..., object]
+    engine_class: type
     runs_apart: bool = False
+    settings: dict[str, type] = field(default_factory=dict)
 
 
 ROLLOUT_ENGINES: Registry[EngineKind] = Registry("rollout engine")
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine builder is given beside its settings sections: the training model, and the
+    facts of the run an engine reads, instead of the whole run config."""
+
+    model: object  # the training model (unwrapped): sampled from, or sent
+    tokenizer: object
+    task: object  # the run's task, whose prompts size what an engine reserves
+    model_name: str  # model.name, as the user gave it
+    lora_rank: int | None  # None: full fine-tuning
+    seed: int  # train.seed
+    max_new_tokens: int  # rollout.max_new_tokens
+    max_prompt_tokens: int  # task.max_prompt_tokens (0: no cap)
+    scratch_dir: Path
+    processes: int = 1
+    rank: int = 0
+    autocast: str = "no"  # the accelerator's mixed_precision
+    training_processes: TrainingProcesses = ONE_PROCESS
+
+    @classmethod
+    def of(cls, cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
+           autocast: str = "no", training_processes: TrainingProcesses = ONE_PROCESS) -> EngineContext:
+        return cls(model, tokenizer, task, cfg.model.name, cfg.model.lora.rank if cfg.model.lora.enabled else None,
+                   cfg.train.seed, cfg.rollout.max_new_tokens, cfg.task.max_prompt_tokens, Path(scratch_dir),
+                   processes, rank, autocast, training_processes)
+
+
+def engine_settings(cfg, name: str) -> dict:
+    """The settings sections of `rollout:` that engine `name` registered, by name."""
+    return {section: getattr(cfg.rollout, section) for section in ROLLOUT_ENGINES.get(name).settings}
+
+
+def engine_sections() -> dict[str, type]:
+    """Every registered engine's settings sections (rollout.<name>), by name; engines that share a
+    section (hf and hf-worker: rollout.hf) register the same class."""
+    sections: dict[str, type] = {}
+    for entry in ROLLOUT_ENGINES.entries():
+        for name, cls in entry.obj.settings.items():
+            if sections.setdefault(name, cls) is not cls:
+                raise ValueError(f"rollout.{name} is registered by two engines with different classes")
+    return sections
 
 
 def engine_names() -> list[str]:
@@ -109,18 +169,19 @@ def make_engine(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: in
     precision. An engine that runs apart comes behind a RolloutPipeline (rollout.max_staleness),
     whose `training_processes` agree on its failures; with LoRA the pipeline keeps the adapters
     its in-flight jobs sample from, for a checkpoint."""
-    kind = ROLLOUT_ENGINES.get(resolve_engine(cfg.rollout.engine))
+    name = resolve_engine(cfg.rollout.engine)
+    kind = ROLLOUT_ENGINES.get(name)
+    settings = engine_settings(cfg, name)
+    context = EngineContext.of(cfg, model, tokenizer, task=task, scratch_dir=scratch_dir, processes=processes,
+                               rank=rank, autocast=autocast, training_processes=training_processes)
     if not kind.runs_apart:
-        return kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes, rank=rank,
-                                 task=task, autocast=autocast)
+        return kind.for_training(settings, context)
     # the adapters of the versions in flight, for a checkpoint (small: whole models are not kept; an
     # engine that sends live weights only drops them, RolloutPipeline._use)
     pipeline = RolloutPipeline(None, cfg.rollout.max_staleness, processes=training_processes,
                                snapshot=(lambda: trained_weights(model)) if cfg.model.lora.enabled else None)
     # one agreement on a failure to start: a process whose engine never came up ends the others too
-    pipeline.start(lambda: kind.for_training(cfg, model, tokenizer, scratch_dir=scratch_dir, processes=processes,
-                                             rank=rank, task=task, autocast=autocast,
-                                             training_processes=training_processes))
+    pipeline.start(lambda: kind.for_training(settings, context))
     return pipeline
 
 
@@ -137,8 +198,8 @@ def make_backend(name: str, spec: ModelSpec, settings):
 # ---------------------------------------------------------------- hf
 
 
-def _hf_for_training(cfg, model, tokenizer, **_) -> RolloutEngine:
-    return HFEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size)
+def _hf_for_training(settings: dict, context: EngineContext) -> RolloutEngine:
+    return HFEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size)
 
 
 def _hf_for_eval(spec: ModelSpec, settings):
@@ -148,7 +209,7 @@ def _hf_for_eval(spec: ModelSpec, settings):
 
 ROLLOUT_ENGINES.register("hf", "a decode loop over the training model itself, in this process")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=lambda cfg: None,
-    for_training=_hf_for_training, for_eval=_hf_for_eval))
+    for_training=_hf_for_training, for_eval=_hf_for_eval, engine_class=HFEngine, settings={"hf": HFConfig}))
 
 
 # ---------------------------------------------------------------- hf-worker
@@ -160,18 +221,18 @@ def _hf_worker_check(cfg) -> None:
                         "train.sharding=fsdp2 does not hold (not built); use train.sharding=none or rollout.engine=hf")
 
 
-def _hf_worker_for_training(cfg, model, tokenizer, *, scratch_dir: Path, processes: int = 1, rank: int = 0,
-                            autocast: str = "no", **_):
+def _hf_worker_for_training(settings: dict, context: EngineContext):
     # each training process its own worker, on its share of rollout.worker.cores
-    return HFWorkerEngine(model, tokenizer.pad_token_id, cfg.rollout.generation_batch_size, scratch_dir=scratch_dir,
-                          autocast=autocast,
-                          cores=cores_of_process(parse_cores(cfg.rollout.worker.cores), rank, processes))
+    cores = cores_of_process(parse_cores(settings["worker"].cores), context.rank, context.processes)
+    return HFWorkerEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size,
+                          scratch_dir=context.scratch_dir, autocast=context.autocast, cores=cores)
 
 
 ROLLOUT_ENGINES.register("hf-worker", "the hf engine's decode loop in a worker process of its own, sent the "
                                       "trained weights after each step")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=_hf_worker_check,
-    for_training=_hf_worker_for_training, for_eval=_hf_for_eval, runs_apart=True))
+    for_training=_hf_worker_for_training, for_eval=_hf_for_eval, engine_class=HFWorkerEngine, runs_apart=True,
+    settings={"hf": HFConfig, "worker": WorkerConfig}))
 
 
 # ---------------------------------------------------------------- vllm
@@ -196,47 +257,48 @@ def longest_prompt_tokens(task, tokenizer, cap: int = 0) -> int:
     return min(longest, cap) if cap > 0 else longest
 
 
-def _vllm_model_len(cfg, tokenizer, task) -> int:
+def _vllm_model_len(vllm, context: EngineContext) -> int:
     """What vLLM reserves KV cache for where rollout.vllm.max_model_len is 0: the longest prompt
     plus the response limit (the quick eval samples with the rollout settings too), instead of
     the model's own limit (32k and more for Qwen2.5), which sizes the cache for sequences the run
     never makes."""
-    if cfg.rollout.vllm.max_model_len:
-        return cfg.rollout.vllm.max_model_len
-    return longest_prompt_tokens(task, tokenizer, cfg.task.max_prompt_tokens) + cfg.rollout.max_new_tokens
+    if vllm.max_model_len:
+        return vllm.max_model_len
+    return longest_prompt_tokens(context.task, context.tokenizer, context.max_prompt_tokens) + context.max_new_tokens
 
 
-def _sampler_dtype(cfg, model, autocast: str, engine: str, *, say: bool = True) -> str:
+def _sampler_dtype(vllm, model, autocast: str, engine: str, *, say: bool = True) -> str:
     """rollout.vllm.dtype as vLLM is given it (auto: what the trainer computes in), the start-up
     line said where sampler and trainer differ."""
     trainer_dtype = trainer_compute_dtype(autocast, next(model.parameters()).dtype)
-    dtype = engine_dtype(cfg.rollout.vllm.dtype, trainer_dtype)
+    dtype = engine_dtype(vllm.dtype, trainer_dtype)
     line = sampler_precision_line(engine, dtype, trainer_dtype)
     if line and say:
         say_on_stderr(line)
     return dtype
 
 
-def _vllm_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, processes: int = 1, rank: int = 0,
-                       autocast: str = "no", **_):
+def _vllm_for_training(settings: dict, context: EngineContext):
     from meds_cli.engine.model_io.model import TINY, resolve_model
 
-    if cfg.model.name == TINY:
+    if context.model_name == TINY:
         raise UserError("rollout.engine=vllm cannot load 'tiny-llama' (it is built in memory); use rollout.engine=hf")
-    options = replace(cfg.rollout.vllm, dtype=_sampler_dtype(cfg, model, autocast, "vllm", say=rank == 0))
+    vllm, rank = settings["vllm"], context.rank
+    options = replace(vllm, dtype=_sampler_dtype(vllm, context.model, context.autocast, "vllm", say=rank == 0))
     tp = options.tensor_parallel_size
-    scratch_dir.mkdir(parents=True, exist_ok=True)
+    context.scratch_dir.mkdir(parents=True, exist_ok=True)
     # The processes of one tensor-parallel group run one engine between them: one seed per group.
-    return VLLMEngine(resolve_model(cfg.model.name), options=options, seed=cfg.train.seed + rank // tp, policy=model,
-                      lora_rank=cfg.model.lora.rank if cfg.model.lora.enabled else None, scratch_dir=scratch_dir,
-                      processes=processes, tp_gather=tensor_parallel_gather(tp) if tp > 1 else None,
+    return VLLMEngine(resolve_model(context.model_name), options=options, seed=context.seed + rank // tp,
+                      policy=context.model, lora_rank=context.lora_rank, scratch_dir=context.scratch_dir,
+                      processes=context.processes, tp_gather=tensor_parallel_gather(tp) if tp > 1 else None,
                       say=say_on_stderr if rank == 0 else (lambda text: None),
-                      model_len=_vllm_model_len(cfg, tokenizer, task))
+                      model_len=_vllm_model_len(vllm, context))
 
 
 ROLLOUT_ENGINES.register("vllm", "vLLM colocated in each training process, sent the policy after each update")(
     EngineKind(unavailable=_vllm_unavailable, preferred=cuda_available, check=_vllm_check,
-               for_training=_vllm_for_training, for_eval=VLLMBackend))
+               for_training=_vllm_for_training, for_eval=VLLMBackend, engine_class=VLLMEngine,
+               settings={"vllm": VLLMConfig}))
 
 
 # ---------------------------------------------------------------- vllm-server
@@ -263,10 +325,15 @@ def _server_check(cfg) -> None:
 def sends_full_weights(cfg) -> bool:
     """Whether the policy reaches a server as full weights (no LoRA, or rollout.vllm.sync=merged)
     rather than as its LoRA adapter."""
-    return not cfg.model.lora.enabled or cfg.rollout.vllm.sync != "adapter"
+    return full_weights_sent(cfg.model.lora.enabled, cfg.rollout.vllm)
 
 
-def _server_sync(cfg, model, dtype: str, local: bool):
+def full_weights_sent(lora: bool, vllm) -> bool:
+    """sends_full_weights from its two facts: LoRA on, and the rollout.vllm section."""
+    return not lora or vllm.sync != "adapter"
+
+
+def _server_sync(settings: dict, context: EngineContext, dtype: str, local: bool):
     """How the policy reaches the server(s) (server_sync.py): None for the engine's default, the
     LoRA adapter; else the full weights over vLLM's NCCL weight transfer, which needs GPUs, NCCL
     and vLLM here. `local`: the server is one meds started on this node."""
@@ -274,18 +341,19 @@ def _server_sync(cfg, model, dtype: str, local: bool):
 
     from meds_cli.engine.rollout import server_sync
 
-    if not sends_full_weights(cfg):
+    if not full_weights_sent(context.lora_rank is not None, settings["vllm"]):
         return None
     reason = server_sync.nccl_transfer_unavailable()
     if reason:
         raise UserError("rollout.engine=vllm-server sends full weights here (no LoRA, or rollout.vllm.sync=merged) "
                         f"through vLLM's NCCL weight transfer, which {reason}")
-    server = cfg.rollout.server
+    server = settings["server"]
     address = server.nccl_address or ("127.0.0.1" if local else socket.gethostname())
-    return server_sync.FullWeightSync(model, server_sync.torch_dtype(dtype), address=address, port=server.nccl_port)
+    return server_sync.FullWeightSync(context.model, server_sync.torch_dtype(dtype), address=address,
+                                      port=server.nccl_port)
 
 
-def _start_server(cfg, tokenizer, task, scratch_dir: Path, dtype: str):
+def _start_server(settings: dict, context: EngineContext, dtype: str):
     """The server meds starts on this node (rank 0 of the node starts it; the node's other
     processes connect to it), on the GPUs rollout.server.gpus gives it (server_placement.py):
     (the started server or None, its url)."""
@@ -300,7 +368,7 @@ def _start_server(cfg, tokenizer, task, scratch_dir: Path, dtype: str):
     )
     from meds_cli.engine.rollout.vllm_server import HOST, StartedServer, serve_command, serve_environment
 
-    server = cfg.rollout.server
+    server, vllm = settings["server"], settings["vllm"]
     url = f"http://{HOST}:{server.port}"
     reason = _vllm_unavailable()
     if reason:
@@ -311,53 +379,54 @@ def _start_server(cfg, tokenizer, task, scratch_dir: Path, dtype: str):
         return None, url
     if placement is not None and (note := placement_note(placement, node_processes())):
         say_on_stderr(f"note: {note}")
-    full = sends_full_weights(cfg)
-    argv = serve_command(resolve_model(cfg.model.name), port=server.port, options=cfg.rollout.vllm, dtype=dtype,
-                         seed=cfg.train.seed, lora_rank=None if full else cfg.model.lora.rank,
-                         model_len=_vllm_model_len(cfg, tokenizer, task), cores=parse_cores(server.cores),
+    full = full_weights_sent(context.lora_rank is not None, vllm)
+    argv = serve_command(resolve_model(context.model_name), port=server.port, options=vllm, dtype=dtype,
+                         seed=context.seed, lora_rank=None if full else context.lora_rank,
+                         model_len=_vllm_model_len(vllm, context), cores=parse_cores(server.cores),
                          full_weights=full)
-    started = StartedServer(argv, url=url, log_path=scratch_dir.parent / "vllm-server.log",
+    started = StartedServer(argv, url=url, log_path=context.scratch_dir.parent / "vllm-server.log",
                             env=serve_environment(placement.server_visible() if placement else ""))
     say_on_stderr(f"starting {started.describe()}")
     started.wait_healthy(server.health_timeout_s)
     return started, url
 
 
-def _several_processes_check(cfg, world: int, on_this_node: int) -> None:
+def _several_processes_check(full_weights: bool, start: bool, world: int, on_this_node: int) -> None:
     """What the server engine does not do with several training processes (one line each)."""
-    if world > 1 and sends_full_weights(cfg):
+    if world > 1 and full_weights:
         raise UserError(f"rollout.engine=vllm-server sends full weights (no LoRA, or rollout.vllm.sync=merged) from "
                         f"one training process only (the NCCL group is the trainer and the server's workers); this "
                         f"launch has {world}: use LoRA with rollout.vllm.sync=adapter, or one training process")
-    if cfg.rollout.server.start and world > on_this_node:
+    if start and world > on_this_node:
         raise UserError(f"rollout.server.start=true starts a server on this node, but the {world} training processes "
                         f"span several nodes ({on_this_node} on this one), whose servers process 0 could not reach: "
                         "start the servers yourself and give them all in rollout.server.url, or use "
                         "meds train --slurm --server-nodes 1")
 
 
-def _server_for_training(cfg, model, tokenizer, *, task, scratch_dir: Path, rank: int = 0, autocast: str = "no",
-                         training_processes: TrainingProcesses = ONE_PROCESS, **_):
+def _server_for_training(settings: dict, context: EngineContext):
     from meds_cli.engine.rollout.server_placement import node_processes
-    from meds_cli.engine.rollout.vllm_server import VLLMServerEngine, parse_urls, server_name, wait_healthy
+    from meds_cli.engine.rollout.vllm_server import parse_urls, server_name, wait_healthy
 
-    server = cfg.rollout.server
-    _several_processes_check(cfg, training_processes.world, node_processes())
-    dtype = _sampler_dtype(cfg, model, autocast, "vllm-server", say=server.start and rank == 0)
-    sync = _server_sync(cfg, model, dtype, local=server.start)
+    server, vllm, processes = settings["server"], settings["vllm"], context.training_processes
+    _several_processes_check(full_weights_sent(context.lora_rank is not None, vllm), server.start, processes.world,
+                             node_processes())
+    dtype = _sampler_dtype(vllm, context.model, context.autocast, "vllm-server",
+                           say=server.start and context.rank == 0)
+    sync = _server_sync(settings, context, dtype, local=server.start)
     started = None
     if server.start:
-        started, url = _start_server(cfg, tokenizer, task, scratch_dir, dtype)
+        started, url = _start_server(settings, context, dtype)
         urls = [url]
     else:
         urls = parse_urls(server.url)
     if started is None:  # a server started by you, or by the first process of this node
         for url in urls:
             wait_healthy(url, server.health_timeout_s, server_name(url))
-    return VLLMServerEngine(urls, policy=model, scratch_dir=scratch_dir, server=started,
+    return VLLMServerEngine(urls, policy=context.model, scratch_dir=context.scratch_dir, server=started,
                             request_timeout_s=server.request_timeout_s, concurrency=server.concurrency, sync=sync,
-                            processes=training_processes, retries=server.retries,
-                            vocab_size=model.get_input_embeddings().num_embeddings)
+                            processes=processes, retries=server.retries,
+                            vocab_size=context.model.get_input_embeddings().num_embeddings)
 
 
 def _server_for_eval(spec: ModelSpec, settings):
@@ -367,4 +436,5 @@ def _server_for_eval(spec: ModelSpec, settings):
 ROLLOUT_ENGINES.register("vllm-server", "a vLLM server (`vllm serve`) on devices of its own, sent the LoRA adapter "
                                         "(runtime LoRA routes) or the full weights (NCCL) after each step")(EngineKind(
     unavailable=lambda: None, preferred=lambda: False, check=_server_check,
-    for_training=_server_for_training, for_eval=_server_for_eval, runs_apart=True))
+    for_training=_server_for_training, for_eval=_server_for_eval, engine_class=VLLMServerEngine, runs_apart=True,
+    settings={"vllm": VLLMConfig, "server": ServerConfig}))

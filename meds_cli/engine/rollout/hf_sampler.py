@@ -26,11 +26,13 @@ when the settings carry a LensProbe, each token's logit-lens values (engine/roll
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from meds_cli.core.cpu_calibration import cpu_fast_paths
+from meds_cli.core.fields import at_least, doc
 from meds_cli.core.forward import cache_keyword, output_cache, position_ids_for
 from meds_cli.core.packed_matmul import PACKINGS
 from meds_cli.engine.rollout.decoder_step import DecoderStep
@@ -287,6 +289,14 @@ def cpu_bf16_autocast(model) -> bool:
             and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
+@dataclass
+class HFConfig:
+    """rollout.hf: the settings of the hf decode loop (engine hf, and hf-worker's copy of it)."""
+
+    generation_batch_size: int = doc(32, "sequences per decode batch of the hf engine (rollout.generation_batch_size "
+                                         "before; that key is still read)", at_least(1))
+
+
 class HFEngine:
     """The rollout engine on the training model: nothing to push after an update (it samples
     from the live weights), nothing to release."""
@@ -323,9 +333,17 @@ class HFEngine:
         # undo the splitting of batches_of: the samples of each request, in seed order
         return split_by_request(requests, [sample for part in out for sample in part])
 
+    # the RolloutEngine members with nothing to do here: it samples from the live weights, holds
+    # nothing of the update's memory, and starts nothing
     def policy_updated(self) -> None:
         pass
 
+    def policy_settled(self, version: int) -> None:
+        pass
+
     def release(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 

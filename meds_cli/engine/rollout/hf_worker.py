@@ -115,6 +115,53 @@ def _hooks_set_aside(model):
             setattr(module, name, value)
 
 
+# ---------------------------------------------------------------- the messages between trainer and worker
+# (through the two queues; module-level classes, so that the spawned worker unpickles them)
+
+
+@dataclass(frozen=True)
+class Weights:  # trainer -> worker: the trained weights of policy version `version`
+    version: int
+    weights: dict
+
+
+@dataclass(frozen=True)
+class Generate:  # trainer -> worker: a job, sampled after the weights sent before it
+    ticket: int
+    requests: list
+    settings: SamplingSettings
+
+
+@dataclass(frozen=True)
+class Stop:  # trainer -> worker: stop after the current job
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:  # worker -> trainer: the model is loaded
+    pid: int
+
+
+@dataclass(frozen=True)
+class Started:  # worker -> trainer: job `ticket` began at `at` (time.monotonic)
+    ticket: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Done:  # worker -> trainer: job `ticket`'s samples, from policy version `version`
+    ticket: int
+    samples: list
+    version: int
+    started: float
+    ended: float
+
+
+@dataclass(frozen=True)
+class Failed:  # worker -> trainer: the worker stops on this error (its traceback is on its stderr)
+    error: str
+
+
 def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: str, threads: int,
                  cores: list[int], jobs, results) -> None:
     """The worker process: load the model, then serve weights and jobs in order until told to stop."""
@@ -133,29 +180,28 @@ def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: 
         device = next(model.parameters()).device.type
         dtype = AUTOCAST_DTYPES.get(autocast)
         version = 0
-        results.put(("ready", os.getpid()))
+        results.put(Ready(os.getpid()))
         params = dict(model.named_parameters())
         while True:
             message = jobs.get()
-            if message[0] == "stop":
+            if isinstance(message, Stop):
                 return
-            if message[0] == "weights":
-                _, version, weights = message
+            if isinstance(message, Weights):
+                version = message.version
                 with torch.no_grad():
-                    for name, tensor in weights.items():
+                    for name, tensor in message.weights.items():
                         params[name].copy_(tensor)
                 continue
-            _, ticket, requests, settings = message
             started = time.monotonic()
-            results.put(("started", ticket, started))
+            results.put(Started(message.ticket, started))
             with torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext():
-                samples = engine.generate(requests, settings)
-            results.put(("done", ticket, samples, version, started, time.monotonic()))
+                samples = engine.generate(message.requests, message.settings)
+            results.put(Done(message.ticket, samples, version, started, time.monotonic()))
     except Exception as err:  # said by the trainer in one line; the traceback is the worker's stderr
         import traceback
 
         traceback.print_exc()
-        results.put(("error", f"{type(err).__name__}: {err}"))
+        results.put(Failed(f"{type(err).__name__}: {err}"))
 
 
 class HFWorkerEngine:
@@ -165,6 +211,7 @@ class HFWorkerEngine:
     records_lens = False
     reads_policy_weights = False
     starts_with_policy = True  # spawned with the trainer's model: version 0 is there
+    keeps_versions = True  # any version's trained weights can be sent to it
 
     def __init__(self, model, pad_token_id: int, batch_size: int, *, scratch_dir: Path, autocast: str = "no",
                  cores: Sequence[int] = (), start_timeout_s: float = 300.0):
@@ -184,11 +231,11 @@ class HFWorkerEngine:
             args=(str(model_path), pad_token_id, batch_size, autocast, threads, list(cores), self.jobs, self.results))
         self.process.start()
         self.tickets = 0
-        self.done: dict[int, tuple] = {}
+        self.done: dict[int, Done] = {}
         self.forgotten: set[int] = set()
         self.times: dict[int, list] = {}  # ticket -> [started, ended or None]
         message = self._next_message(timeout_s=start_timeout_s, doing="starting")
-        if message[0] != "ready":
+        if not isinstance(message, Ready):
             raise RuntimeError(f"the rollout worker said {message!r} before it was ready")
         model_path.unlink(missing_ok=True)
         self.scratch_dir = scratch_dir
@@ -198,22 +245,22 @@ class HFWorkerEngine:
     def push_policy(self, version: int, weights: dict | None = None) -> None:
         weights = trained_weights(self.model) if weights is None else weights
         self._check_alive("receiving weights")
-        self.jobs.put(("weights", version, weights))
+        self.jobs.put(Weights(version, weights))
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> int:
         self._check_alive("taking a job")
         self.tickets += 1
-        self.jobs.put(("generate", self.tickets, list(requests), settings))
+        self.jobs.put(Generate(self.tickets, list(requests), settings))
         return self.tickets
 
     def result(self, ticket: int) -> JobResult:
         while ticket not in self.done:
             self._take(self._next_message(timeout_s=None, doing="sampling"))
-        _, _, samples, version, started, ended = self.done.pop(ticket)
-        for group in samples:
+        done = self.done.pop(ticket)
+        for group in done.samples:
             for sample in group:
                 sample.source = self._describe()  # named where a sample is refused (rollout_check.py)
-        return JobResult(samples, version, started, ended)
+        return JobResult(done.samples, done.version, done.started, done.ended)
 
     def job_times(self, since: float) -> list[tuple[float, float | None]]:
         while True:  # what the worker said so far, without waiting
@@ -229,13 +276,16 @@ class HFWorkerEngine:
         self.done.pop(ticket, None)
         self.forgotten.add(ticket)
 
+    def take_retries(self) -> int:
+        return 0  # a job it takes is sampled once: nothing is sent again
+
     def close(self) -> None:
         """Stop the worker: the jobs it has not begun are dropped (a run that ends early, on a refused
         rollout say, may have queued many: rollout.max_staleness), then it is told to stop after its
         current job, and terminated if it does not."""
         self._drop_queued_jobs()
         if self.process.is_alive():
-            self.jobs.put(("stop",))
+            self.jobs.put(Stop())
             self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.terminate()
@@ -259,15 +309,15 @@ class HFWorkerEngine:
 
     # ------------------------------------------------------------ internals
 
-    def _take(self, message: tuple) -> None:
-        if message[0] == "started":
-            self.times[message[1]] = [message[2], None]
-        elif message[0] == "done":
-            self.times[message[1]] = [message[4], message[5]]
-            if message[1] not in self.forgotten:
-                self.done[message[1]] = message
-        elif message[0] == "error":
-            raise RolloutEngineGone(f"{self._describe()} failed: {message[1]}; {RUN_ENDS}")
+    def _take(self, message) -> None:
+        if isinstance(message, Started):
+            self.times[message.ticket] = [message.at, None]
+        elif isinstance(message, Done):
+            self.times[message.ticket] = [message.started, message.ended]
+            if message.ticket not in self.forgotten:
+                self.done[message.ticket] = message
+        elif isinstance(message, Failed):
+            raise RolloutEngineGone(f"{self._describe()} failed: {message.error}; {RUN_ENDS}")
 
     def _describe(self) -> str:
         return f"the rollout worker (hf-worker, pid {self.process.pid})"
@@ -277,7 +327,7 @@ class HFWorkerEngine:
             raise RolloutEngineGone(f"{self._describe()} died (exit code {self.process.exitcode}) before {doing}; "
                                     f"{RUN_ENDS}")
 
-    def _next_message(self, *, timeout_s: float | None, doing: str) -> tuple:
+    def _next_message(self, *, timeout_s: float | None, doing: str):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
@@ -291,6 +341,6 @@ class HFWorkerEngine:
                     self.close()
                     raise RolloutEngineGone(f"{self._describe()} was not ready after {timeout_s:g} s") from None
                 continue
-            if message[0] == "error":
-                raise RolloutEngineGone(f"{self._describe()} failed while {doing}: {message[1]}; {RUN_ENDS}")
+            if isinstance(message, Failed):
+                raise RolloutEngineGone(f"{self._describe()} failed while {doing}: {message.error}; {RUN_ENDS}")
             return message

@@ -30,12 +30,12 @@ from typing import Callable, Sequence
 import torch
 
 from meds_cli.core.read_back import read_json, require
+from meds_cli.engine.rollout.batch import SEED_LIMIT
 from meds_cli.engine.rollout.pipeline import InFlightJob
 from meds_cli.engine.rollout.sampling_engine import SampleRequest
 from meds_cli.engine.run_folders.state_codec import read_tensors
 
 FORMAT, VERSION = "meds-in-flight", 1
-SEED_LIMIT = 2**62  # sample_rollouts draws seeds below it
 NOT_KEPT = "not saved: full fine-tuning keeps no earlier weights, so a resume samples these steps from the loaded ones"
 
 

@@ -10,8 +10,8 @@ version that was and when it ran.
 
 `RolloutPipeline` puts one in front of the trainer as an ordinary rollout engine
 (sampling_engine.RolloutEngine: `generate` waits for its requests' result), plus `prefetch`:
-with k >= 1 the trainer submits the first sampling round of each of the next k steps before it
-updates (the same prompts and per-sample seeds those steps would draw: trainer.py), and when a
+with k >= 1 the rollout source submits the first sampling round of each of the next k steps before it
+updates (the same prompts and per-sample seeds those steps would draw: source.py), and when a
 step asks for exactly those requests `generate` returns the job sampled meanwhile. A step t
 trains on weights of version t - 1; a rollout sampled from version v is (t - 1) - v steps stale,
 at most k by construction (a prefetched job is submitted at step t with version t - 1 already
@@ -72,19 +72,22 @@ class SeparateEngine(Protocol):
     name: str
     records_lens: bool
     reads_policy_weights: bool  # False: it is sent the weights
+    starts_with_policy: bool  # it holds the trainer's initial weights (version 0) from the start
+    keeps_versions: bool  # it can be pushed an earlier version's weights (a resumed job's); False: the live ones only
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> object: ...
 
     def result(self, ticket) -> JobResult: ...
 
-    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now.
-    # An engine whose `takes_kept_weights` is False (default True) sends the live weights only.
+    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now
     def push_policy(self, version: int, weights: dict | None = None) -> None: ...
 
     def forget(self, ticket) -> None: ...  # its result is not wanted (a prefetch no step asked for)
 
     # (started, ended or None while it runs) of every job that ran after `since`, as known now
     def job_times(self, since: float) -> list[tuple[float, float | None]]: ...
+
+    def take_retries(self) -> int: ...  # requests sent again since the last call (0 where nothing retries)
 
     def close(self) -> None: ...
 
@@ -201,11 +204,11 @@ class RolloutPipeline:
 
     def _use(self, engine: SeparateEngine) -> None:
         self.engine, self.name = engine, engine.name
-        if not getattr(engine, "takes_kept_weights", True):
+        if not engine.keeps_versions:
             self.snapshot = None  # it sends its live weights only (a server sent full weights): nothing to keep
         # the version the engine was last sent: 0 where it starts from the trainer's initial weights
         # (the hf worker is handed the model), else -1: sent before its first job
-        self.pushed = 0 if getattr(engine, "starts_with_policy", False) else -1
+        self.pushed = 0 if engine.starts_with_policy else -1
 
     @property
     def newest_version(self) -> int:
@@ -216,11 +219,11 @@ class RolloutPipeline:
     # ------------------------------------------------------------ the trainer's calls
 
     def policy_updated(self) -> None:
-        """An optimizer step: the weights the engine holds are behind until `finish_update`."""
+        """An optimizer step: the weights the engine holds are behind until `policy_settled`."""
 
-    def finish_update(self, step: int) -> None:
-        """Step `step`'s update is done: the trainer's weights are version `step`."""
-        self.version = step
+    def policy_settled(self, version: int) -> None:
+        """A step's update is done: the trainer's weights are version `version`, sent with the next job."""
+        self.version = version
 
     def release(self) -> None:
         """Nothing to free: the engine holds no memory of the trainer's devices."""
@@ -255,13 +258,16 @@ class RolloutPipeline:
     def prefetched_steps(self) -> set[int]:
         return {p.job.step for p in self.pending}
 
-    def forget_through(self, step: int) -> None:
+    def forget_through(self, step: int) -> int:
         """Drop what was prefetched for steps up to `step` and not asked for (a step that drew other
-        prompts than planned, as after DAPO's extra rounds): it is never trained on."""
-        for pending in [p for p in self.pending if p.job.step <= step]:
+        prompts than planned, as after DAPO's extra rounds): it is never trained on. Returns how
+        many jobs were dropped."""
+        dropped = [p for p in self.pending if p.job.step <= step]
+        for pending in dropped:
             self.engine.forget(pending.ticket)
             self.pending.remove(pending)
         self._forget_unused_weights()
+        return len(dropped)
 
     # ------------------------------------------------------------ in flight at a checkpoint
 
@@ -275,7 +281,7 @@ class RolloutPipeline:
 
     def resubmit(self, jobs: Sequence[InFlightJob], weights: dict[int, dict] | None,
                  settings: SamplingSettings) -> None:
-        """On resume, after `finish_update` of the loaded step: submit `jobs` again (read from the
+        """On resume, after `policy_settled` of the loaded step: submit `jobs` again (read from the
         checkpoint), each from its version's `weights`, in their order; the loaded weights are
         pushed before the next job, as in the uninterrupted run. Without `weights` (not kept: full
         weights) nothing is submitted: those steps sample from the loaded weights."""
@@ -313,9 +319,7 @@ class RolloutPipeline:
         }
         if self.sampled_again:
             row["rollouts_sampled_again"] = float(self.sampled_again)
-        take_retries = getattr(self.engine, "take_retries", None)  # requests sent again (rollout.server.retries)
-        if take_retries is not None:
-            row["rollout/retries"] = float(take_retries())
+        row["rollout/retries"] = float(self.engine.take_retries())  # requests sent again (rollout.server.retries)
         self.waits, self.sampled_again = [], 0
         return row
 

@@ -1,10 +1,11 @@
 """The rollout engine interface: token ids and sampling settings in, token ids (and the
 sampler's own log-probs) out.
 
-Two engines implement it: `hf` (a decode loop over the training model itself, in this process)
-and `vllm` (a colocated vLLM instance that receives the policy after each optimizer step). The
-trainer and the eval harness only see this interface, so the engine is a config choice
-(`rollout.engine: hf | vllm | auto`), looked up in the registry of meds_cli/engine/rollout/engines.py.
+The engines that sample in the trainer's process implement it (`hf`: a decode loop over the
+training model itself; `vllm`: a colocated vLLM instance that receives the policy after each
+optimizer step), and so does the pipeline before an engine that runs apart (`hf-worker`,
+`vllm-server`: pipeline.py). The trainer and the eval harness only see this interface, so the
+engine is a config choice (`rollout.engine`), looked up in the registry of engines.py.
 
 A request is one prompt and one seed per sample: a sample's randomness belongs to the sample,
 not to the batch it happens to be drawn in, so the same (prompt, seed) gives the same response
@@ -60,10 +61,18 @@ class Sample:
 
 
 class RolloutEngine(Protocol):
-    """What the trainer and the eval harness call. `policy_updated` is cheap (it only records
-    that the weights changed); an engine that holds its own copy of the policy brings it up to
-    date before it next generates. `release` frees what the engine holds while the trainer
-    updates (vLLM's sleep mode); the next `generate` takes it back."""
+    """Every member the trainer's rollout source (source.py) and the eval harness may ask of a
+    rollout engine: one that samples in the trainer's process (hf, vllm), or the pipeline before
+    one that runs apart (pipeline.RolloutPipeline, which drives the engine's jobs through
+    pipeline.SeparateEngine). tests/test_engine_protocol.py checks every registered engine.
+
+    The weights change in two calls, one pair: `policy_updated` after every optimizer step (cheap:
+    it records that the weights changed; an engine with its own copy of the policy brings it up to
+    date before it next generates), and `policy_settled(version)` once a step's update is over
+    (the weights are version `version`, the steps whose update they hold; an engine apart is sent
+    them with its next job). `release` frees what the engine holds while the trainer updates
+    (vLLM's sleep mode); the next `generate` takes it back. `close` stops what the engine started
+    (a worker, a server); nothing for one that lives and ends with this process."""
 
     name: str
     records_lens: bool  # honours SamplingSettings.lens
@@ -75,7 +84,11 @@ class RolloutEngine(Protocol):
 
     def policy_updated(self) -> None: ...
 
+    def policy_settled(self, version: int) -> None: ...
+
     def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def cuda_available() -> bool:

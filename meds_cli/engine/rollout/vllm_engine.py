@@ -308,6 +308,12 @@ class VLLMEngine:
     def policy_updated(self) -> None:
         self.policy_version += 1
 
+    def policy_settled(self, version: int) -> None:
+        """Nothing more: the optimizer steps counted by policy_updated bring it up to date."""
+
+    def close(self) -> None:
+        """Nothing to stop: the colocated instance lives and ends with this process."""
+
     def release(self) -> None:
         if self.options.sleep_level and not self.asleep:
             self.llm.sleep(level=self.options.sleep_level)

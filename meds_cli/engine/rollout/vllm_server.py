@@ -451,7 +451,7 @@ class VLLMServerEngine:
     starts_with_policy = False  # the adapter as the run starts (or resumes) is pushed as version 0
 
     @property
-    def takes_kept_weights(self) -> bool:
+    def keeps_versions(self) -> bool:
         """An earlier version's weights can be pushed (adapters), not where the sync reads the live ones."""
         return not self.sync.reads_live_weights
 

@@ -17,6 +17,9 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from meds_cli.core.forward import peft_base
+from meds_cli.core.unsharded import unsharded
+
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A parameter's whole value, detached: an FSDP2 shard (DTensor) is gathered from every
@@ -72,13 +75,8 @@ def unit_gathered(model: nn.Module, unit: nn.Module | None, names: list[str]):
     from torch.distributed.tensor import DTensor
 
     sharded = unit is not None and isinstance(model.get_parameter(names[0]), DTensor)
-    if sharded:
-        unit.unshard()
-    try:
+    with unsharded([unit] if sharded else []):
         yield
-    finally:
-        if sharded:
-            unit.reshard()
 
 
 def merged_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -86,7 +84,7 @@ def merged_weights(model: nn.Module, dtype: torch.dtype | None = None) -> Iterat
     into its base weight, peft's wrapping removed from the names, cast to `dtype` (None: as they
     are); under FSDP2 gathered one unit at a time (the module docstring). Read it to the end on
     every process."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = peft_base(model)
     try:
         from peft.tuners.lora import LoraLayer
     except ImportError:

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 
 from meds_cli.core.errors import UserError
+from meds_cli.core.forward import peft_base
+from meds_cli.core.unsharded import unsharded
 
 SHARDINGS = ["none", "fsdp2"]
 
@@ -102,8 +104,7 @@ class Sharded:
 def causal_lm(model: nn.Module) -> nn.Module:
     """The transformers model inside peft's wrappers: HF generate and the training forward both
     run through its forward, so it is the one root every call passes."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner
+    return peft_base(model)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -154,13 +155,10 @@ def gathered_parameters(sharded: Sharded | None):
         return
     for layer in sharded.layers:
         layer.set_reshard_after_forward(False, recurse=False)
-    for unit in sharded.units():
-        unit.unshard()
     try:
-        yield
+        with unsharded(sharded.units()):
+            yield
     finally:
-        for unit in sharded.units():
-            unit.reshard()
         for layer in sharded.layers:
             layer.set_reshard_after_forward(True, recurse=False)
 

@@ -139,7 +139,7 @@ def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSetting
             total_tokens = max(sharding.global_sum(acc, mask[rows].sum().item()), 1.0)
             total_seqs = max(sharding.global_sum(acc, len(rows)), 1.0)
             step_loss = 0.0
-            chunks = plan_micro_batches(batch, rows, settings, acc)
+            chunks = plan_update_micro_batches(batch, rows, settings, acc)
             for k, chunk in enumerate(chunks):
                 last = k == len(chunks) - 1
                 sync = nullcontext() if last or policy.sharded is not None else acc.no_sync(model)
@@ -169,7 +169,7 @@ def update_policy(policy: Policy, algo, batch: Rollouts, settings: UpdateSetting
 _warned_over_budget = False
 
 
-def plan_micro_batches(batch: Rollouts, rows: list[int], settings: UpdateSettings, acc) -> list[MicroBatch]:
+def plan_update_micro_batches(batch: Rollouts, rows: list[int], settings: UpdateSettings, acc) -> list[MicroBatch]:
     """The micro-batches of mini-batch `rows`: micro_batch_size rows at a time, or by tokens
     (micro_batch_tokens: real tokens when packed), as many on every process as on the one that
     needs the most."""
