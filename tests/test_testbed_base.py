@@ -142,13 +142,16 @@ def test_testbed_config_trains_the_base_recipe_task():
 
 
 @pytest.mark.slow
-def test_testbed_learns_in_20_steps(tmp_path):
-    """GRPO at the testbed's defaults: training accuracy of the last 5 of 20 steps above the first 5."""
+def test_testbed_learns_in_40_steps(tmp_path):
+    """The testbed's defaults (DAPO): training accuracy of steps 31-40 above steps 1-10. The target
+    of +0.05 is measured by scripts/bench_testbed.py (seed 0 here: +0.078; seeds 1-3: +0.068,
+    +0.064, +0.044, docs/testbed.md); the test asks for a clear rise, +0.02, because a base built
+    on another CPU's kernels has other weights and so another run than the one measured here."""
     from meds_cli.engine.config import load_config
     from meds_cli.engine.trainer import Trainer
 
     cfg = load_config([str(REPO / "configs" / "testbed.yaml")],
-                      ["train.steps=20", "train.checkpoint_every=0", f"train.output_dir={tmp_path}"])
+                      ["train.steps=40", "train.checkpoint_every=0", f"train.output_dir={tmp_path}"])
     trainer = Trainer(cfg, tmp_path)
-    accuracy = [trainer.train_step()["accuracy"] for _ in range(20)]
-    assert sum(accuracy[-5:]) / 5 > sum(accuracy[:5]) / 5 + 0.02, accuracy
+    accuracy = [trainer.train_step()["accuracy"] for _ in range(40)]
+    assert sum(accuracy[-10:]) / 10 >= sum(accuracy[:10]) / 10 + 0.02, accuracy
