@@ -147,6 +147,26 @@ def paired_difference(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Se
     }
 
 
+def seed_paired_difference(values_a: Sequence[float], values_b: Sequence[float], *,
+                           confidence: float = CONFIDENCE) -> dict:
+    """Arm A minus arm B on one number per seed (e.g. a training diagnostic's mean over the last
+    steps), paired seed by seed: the mean difference, its Student-t interval over the seeds
+    (n - 1 degrees of freedom: with 5 seeds a sign-flip test cannot go below p = 1/16, so the t
+    interval is the test that can say something), and how many seeds share the mean's sign."""
+    from scipy.stats import t as student_t
+
+    a, b = np.asarray(values_a, dtype=float), np.asarray(values_b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError("need the same seeds in both arms, at least two")
+    deltas = a - b
+    delta = float(deltas.mean())
+    standard_error = float(deltas.std(ddof=1) / np.sqrt(deltas.size))
+    half = float(student_t.ppf(0.5 + confidence / 2, deltas.size - 1)) * standard_error
+    return {"a": float(a.mean()), "b": float(b.mean()), "delta": delta, "ci": [delta - half, delta + half],
+            "confidence": confidence, "seeds": int(deltas.size), "standard_error": standard_error,
+            "same_sign": int(np.sum(np.sign(deltas) == np.sign(delta))) if delta else 0}
+
+
 def verdict_line(label_a: str, label_b: str, metric: str, result: dict) -> str:
     """One line in words: 'A - B pass@1 +0.047, 95% CI [-0.030, +0.120], p=0.31 (20 problems,
     2 seeds): no difference at this size (could detect 0.080)'."""

@@ -116,3 +116,28 @@ def test_dry_run_estimate_counts_only_trained_arms(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "x 5 steps x 2 trained variants = 10 s" in " ".join(result.output.split())
     assert Path(tmp_path / "abl").exists() is False
+
+
+def test_diagnostics_are_compared_seed_by_seed_between_trained_arms():
+    from meds_cli.commands.ablate import Variant
+    from meds_cli.commands.ablate_report import diagnostic_comparisons, diagnostics_markdown
+
+    variants = [Variant(f"{group}_seed-{seed}", group, overrides, seed)
+                for group, overrides in [("base-model", {"train.steps": 0}), ("dapo", {}), ("meds", {})]
+                for seed in (0, 1, 2)]
+    distinct = {"dapo": [2.0, 2.5, 3.0], "meds": [3.0, 4.5, 6.0]}  # meds - dapo: [1, 2, 3]
+    results = {v.name: ({} if v.group == "base-model" else
+                        {"distinct_wrong": distinct[v.group][v.seed], "eigen_ratio": None, "one_error": 0.5,
+                         "entropy": None})
+               for v in variants}
+    comparisons = diagnostic_comparisons(variants, results, compare=[("meds", "dapo")])
+    # the base-model arm logs no steps: only meds against the baseline, on what both logged
+    assert [(c["a_label"], c["b_label"], c["metric"]) for c in comparisons] == [
+        ("meds", "dapo", "distinct wrong"), ("meds", "dapo", "one-error groups")]
+    distinct_wrong = comparisons[0]
+    assert distinct_wrong["delta"] == pytest.approx(2.0) and distinct_wrong["same_sign"] == 3
+    assert distinct_wrong["ci"] == pytest.approx([-0.484138, 4.484138], abs=1e-6)  # t(0.975, 2 df) x 1/sqrt(3)
+    assert comparisons[1]["delta"] == 0 and comparisons[1]["same_sign"] == 0
+    text = diagnostics_markdown(comparisons)
+    assert "meds - dapo distinct wrong +2.000, 95% CI [-0.484, +4.484] over 3 seeds (3 of 3 the same sign): " \
+           "no difference at this size" in text

@@ -108,3 +108,22 @@ def test_paired_difference_and_verdicts():
     assert not flat["identical"] and same["identical"]
     with pytest.raises(ValueError):
         ps.paired_difference([[1.0]], [[1.0, 0.0]])
+
+
+def test_seed_paired_difference_by_hand():
+    # deltas [1, 2, 3]: mean 2, sd 1, se 1/sqrt(3); t(0.975, 2 df) = 4.302653 -> half-width 2.484138
+    result = ps.seed_paired_difference([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    assert result["delta"] == pytest.approx(2.0)
+    assert result["ci"] == pytest.approx([-0.484138, 4.484138], abs=1e-6)
+    assert result["same_sign"] == 3 and result["seeds"] == 3
+    # deltas [.2, .4, .3, .5, .1]: mean .3, sd sqrt(.025), se .0707107; t(0.975, 4 df) = 2.776445
+    result = ps.seed_paired_difference([0.5, 0.7, 0.6, 0.8, 0.4], [0.3] * 5)
+    assert result["ci"] == pytest.approx([0.103676, 0.496324], abs=1e-6)
+    assert ps.verdict_word(*result["ci"], "a", "b") == "a higher"
+
+
+def test_seed_paired_difference_needs_paired_seeds():
+    with pytest.raises(ValueError):
+        ps.seed_paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        ps.seed_paired_difference([1.0], [2.0])

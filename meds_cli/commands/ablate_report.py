@@ -8,7 +8,10 @@ problem_deltas.csv, paired_differences.png. Where the grid has the base-model ar
 train.steps 0: the base model evaluated as is, `base_model: true`), every trained arm is compared
 with it too (did training raise pass@1, did it lower pass@k at the largest k), and it is not
 compared with the baseline a second time (baseline vs base model is among those). A grid's
-`compare:` pairs (e.g. MEDS with random clusters against MEDS) are compared last.
+`compare:` pairs (e.g. MEDS with random clusters against MEDS) are compared last. The same pairs
+of trained arms are compared on the training diagnostics too (distinct wrong answers, one-error
+groups, entropy, eigen ratio: each run's last-quarter mean, paired seed by seed, a Student-t
+interval over the seeds), since the exploration methods' claims are about those as much as pass@k.
 
 Per run: pass@1 and pass@k from its results.json (k = the largest reported); from metrics.jsonl
 the diversity diagnostics every algorithm logs (engine/training/diversity.py: distinct wrong
@@ -32,6 +35,7 @@ import numpy as np
 
 from benchmarks.paired_compare import Arm, compare_arms, flipped_summary, verdict_lines, write_paired
 from benchmarks.paired_compare import markdown as paired_markdown
+from benchmarks.paired_stats import seed_paired_difference, verdict_word
 from benchmarks.passk import mean_pass_at_k
 from meds_cli.commands.plotting import pyplot as _pyplot
 from meds_cli.core.jsonl import read_rows
@@ -366,24 +370,72 @@ def baseline_group(variants) -> str:
     return next((g for g in groups if g.startswith("baseline-")), groups[0])
 
 
-def paired_against_baseline(variants, paths: dict[str, Path], compare=()) -> list[dict]:
-    """Each trained variant group against the baseline group, then against the base-model arm where
-    the grid has one, then the grid's `compare` pairs (arms that finished), paired seed by seed (the
-    seeds both ran) and problem by problem: benchmarks/paired_compare.py's comparisons."""
+def comparison_pairs(variants, compare=()) -> list[tuple[str, str]]:
+    """(group, other) pairs the report compares: each trained group against the baseline group,
+    then against the base-model arm where the grid has one, then the grid's `compare` pairs."""
     base, untrained = baseline_group(variants), untrained_groups(variants)
+    groups = list(dict.fromkeys(v.group for v in variants))
+    pairs = [(group, base) for group in groups if group != base and group not in untrained]
+    pairs += [(group, start) for start in untrained for group in groups if group not in untrained]
+    pairs += [tuple(pair) for pair in compare if set(pair) <= set(groups) and tuple(pair) not in pairs]
+    return pairs
+
+
+def seeds_by_group(variants, values: dict[str, object]) -> dict[str, dict[int, object]]:
+    """{group: {seed: values[variant name]}}."""
     by_group: dict[str, dict] = {}
     for v in variants:
-        by_group.setdefault(v.group, {})[v.seed] = paths[v.name]
-    pairs = [(group, base) for group in by_group if group != base and group not in untrained]
-    pairs += [(group, start) for start in untrained for group in by_group if group not in untrained]
-    pairs += [tuple(pair) for pair in compare if set(pair) <= set(by_group) and tuple(pair) not in pairs]
+        by_group.setdefault(v.group, {})[v.seed] = values[v.name]
+    return by_group
+
+
+def paired_against_baseline(variants, paths: dict[str, Path], compare=()) -> list[dict]:
+    """comparison_pairs (arms that finished), paired seed by seed (the seeds both ran) and problem
+    by problem: benchmarks/paired_compare.py's comparisons."""
+    by_group = seeds_by_group(variants, paths)
     comparisons = []
-    for group, other in pairs:
+    for group, other in comparison_pairs(variants, compare):
         seeds = [s for s in by_group[group] if s in by_group[other]]
         comparisons.append(compare_arms(Arm(group, [by_group[group][s] for s in seeds]),
                                         Arm(other, [by_group[other][s] for s in seeds])))
     return comparisons
 
+
+# The training diagnostics compared seed by seed (the last quarter's mean of each run): whether an
+# arm keeps its wrong answers more diverse than another is a claim about training, not pass@k.
+DIAGNOSTICS_COMPARED = [("distinct_wrong", "distinct wrong"), ("one_error", "one-error groups"),
+                        ("entropy", "entropy"), ("eigen_ratio", "eigen ratio")]
+
+
+def diagnostic_comparisons(variants, results: dict[str, dict], compare=()) -> list[dict]:
+    """Per trained pair of comparison_pairs and per DIAGNOSTICS_COMPARED value both arms logged on
+    at least two shared seeds: paired_stats.seed_paired_difference of their last-quarter means."""
+    by_group = seeds_by_group(variants, results)
+    comparisons = []
+    for group, other in comparison_pairs(variants, compare):
+        for key, label in DIAGNOSTICS_COMPARED:
+            seeds = [s for s in by_group[group] if s in by_group[other]
+                     and by_group[group][s].get(key) is not None and by_group[other][s].get(key) is not None]
+            if len(seeds) < 2:
+                continue
+            result = seed_paired_difference([by_group[group][s][key] for s in seeds],
+                                            [by_group[other][s][key] for s in seeds])
+            comparisons.append({"a_label": group, "b_label": other, "metric": label, **result})
+    return comparisons
+
+
+def diagnostic_line(c: dict) -> str:
+    """'meds - dapo distinct wrong +0.41, 95% CI [+0.12, +0.70] over 5 seeds (5 of 5 the same sign): meds higher'."""
+    low, high = c["ci"]
+    return (f"{c['a_label']} - {c['b_label']} {c['metric']} {c['delta']:+.3f}, {100 * c['confidence']:.0f}% CI "
+            f"[{low:+.3f}, {high:+.3f}] over {c['seeds']} seeds ({c['same_sign']} of {c['seeds']} the same sign): "
+            f"{verdict_word(low, high, c['a_label'], c['b_label'])}")
+
+
+def diagnostics_markdown(comparisons: list[dict]) -> str:
+    return ("## Training diagnostics, seed by seed\n\nEach arm's mean over the last quarter of its steps, "
+            "paired seed by seed; a Student-t interval over the seeds.\n\n" +
+            "".join(f"- {diagnostic_line(c)}\n" for c in comparisons))
 
 
 def unfinished_lines(unfinished: dict[str, dict]) -> list[str]:
@@ -417,6 +469,7 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
         row["setup"] = setups[row["variant"]]
     k = max((r["k"] for r in results.values() if r["k"]), default=None)
     comparisons = paired_against_baseline(variants, paths, compare)
+    diagnostics = diagnostic_comparisons(variants, results, compare)
     (folder / "summary.md").write_text(f"# Ablation: {folder.name}\n\n" + markdown_table(rows, k) +
                                        "\nmean ± std over seeds; reward, distinct wrong / correct answers per group, "
                                        "one-error groups (share of the groups with two or more wrong answers whose "
@@ -425,12 +478,13 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
                                        "the steps; clusters, ARI (clusters vs final answers in the memory): MEDS "
                                        "only.\n" +
                                        (f"\n{paired_markdown(comparisons)}" if comparisons else "") +
+                                       (f"\n{diagnostics_markdown(diagnostics)}" if diagnostics else "") +
                                        ("\n## Warnings\n\n" + "".join(f"- {line}\n" for line in warnings)
                                         if warnings else "") +
                                        ("\n## Not finished\n\n" + "".join(f"- {line}\n" for line in missing)
                                         if missing else ""))
     write_csv(rows, folder / "summary.csv")
-    summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons,
+    summary = {"folder": str(folder), "k": k, "rows": rows, "paired": comparisons, "diagnostics_paired": diagnostics,
                "runs": {name: {key: value for key, value in r.items()} for name, r in results.items()},
                "variants": [{"name": v.name, "group": v.group, "seed": v.seed, "overrides": v.overrides}
                             for v in variants],
@@ -446,7 +500,8 @@ def write_report(folder: Path, variants, paths: dict[str, Path], console,
 
     out = Console()  # the result goes to stdout, progress to stderr
     print_table(rich_table(rows, k, f"ablation {plain(folder)}"), console=out)
-    for line in verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]:
+    lines = verdict_lines(comparisons) + [flipped_summary(c) for c in comparisons]
+    for line in lines + [diagnostic_line(c) for c in diagnostics]:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {folder / 'summary.md'}  {folder / 'summary.csv'}  {folder / 'summary.json'}  "
                   f"plots: {folder / 'reward_curves.png'}  {folder / 'pass_at_k.png'}  {folder / 'diagnostics.png'}",
