@@ -14,7 +14,6 @@ import pytest
 from meds_cli.engine.rollout.engines import ROLLOUT_ENGINES
 from meds_cli.engine.rollout.pipeline import RolloutPipeline
 from meds_cli.engine.rollout.sampling_engine import (
-    JobResult,
     RolloutEngine,
     Sample,
     SampleRequest,
@@ -22,6 +21,7 @@ from meds_cli.engine.rollout.sampling_engine import (
     SamplesInProcess,
     SamplingSettings,
 )
+from tests.test_rollout_pipeline import FakeApart
 
 
 def protocol_members(protocol) -> set[str]:
@@ -155,44 +155,16 @@ def test_the_pipeline_drives_an_in_process_engine_as_it_generates():
     assert tokens(out) == [[[6], [7]], [[1]]]
 
 
-class Apart(SamplesApart):
-    """Jobs sampled from the version last pushed: token `seed % 7`, the pushes recorded."""
-
-    name, records_lens, reads_policy_weights = "apart", False, False
-    starts_with_policy, keeps_versions = True, True
-
-    def __init__(self):
-        self.version, self.pushed, self.jobs = 0, [], {}
-
-    def submit(self, requests, settings):
-        self.jobs[len(self.jobs)] = [[Sample([s % 7], True) for s in r.seeds] for r in requests]
-        return len(self.jobs) - 1
-
-    def result(self, ticket):
-        return JobResult(self.jobs.pop(ticket), self.version, 1.0, 2.0)
-
-    def push_policy(self, version, weights=None):
-        self.pushed.append(version)
-        self.version = version
-
-    def forget(self, ticket):
-        self.jobs.pop(ticket, None)
-
-    def job_times(self, since):
-        return []
-
-    def take_retries(self):
-        return 0
-
-    def close(self):
-        pass
+class Apart(SamplesApart, FakeApart):
+    """The pipeline tests' stand-in for an engine apart (jobs from the version last pushed), with
+    the base's generate and weight pair."""
 
 
 def test_an_engine_apart_generates_by_one_job_and_is_sent_the_settled_weights():
     engine = Apart()
     engine.policy_updated()
-    assert engine.pushed == []  # nothing sent mid-update
+    assert engine.calls == []  # nothing sent mid-update
     engine.policy_settled(2)
     out = engine.generate(REQUESTS, SETTINGS)
-    assert engine.pushed == [2] and engine.jobs == {}
+    assert engine.calls == [("push", 2), ("submit", 0)]
     assert tokens(out) == [[[5], [6]], [[0]]] and {s.policy_version for group in out for s in group} == {2}
