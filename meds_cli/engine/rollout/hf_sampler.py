@@ -339,7 +339,7 @@ class HFEngine(SamplesInProcess):
         # undo the splitting of batches_of: the samples of each request, in seed order
         return split_by_request(requests, [sample for part in out for sample in part])
 
-    # the members with nothing to do here: it samples from the live weights, holds
+    # the RolloutEngine members with nothing to do here: it samples from the live weights, holds
     # nothing of the update's memory, and starts nothing
     def policy_updated(self) -> None:
         pass
