@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from meds_cli import __version__
 from meds_cli.commands.export import export_command
@@ -68,11 +69,26 @@ def _one_line_errors(command, doing: str, then: str = ""):
     return run_command
 
 
-def command(name: str, *, doing: str, then: str = "", hidden: bool = False):
+class TrainHelp(TyperCommand):
+    """`meds train`, whose --algo, --task and --model help names every registered algorithm and
+    task and every built-in model, filled in only when the help is shown: the algorithm registry
+    imports torch (over a second), which a command run without --help does not pay."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from meds_cli.commands.listing import train_option_help
+
+        helps = train_option_help()
+        for param in self.params:
+            if param.name in helps:
+                param.help = helps[param.name]
+        super().format_help(ctx, formatter)
+
+
+def command(name: str, *, doing: str, then: str = "", hidden: bool = False, cls: type[TyperCommand] | None = None):
     """Register a `meds` command; every command goes through _one_line_errors. `then`: how to
     continue after a storage failure, for commands that can; `hidden`: left out of --help (a
-    command launchers run, not people)."""
-    return lambda function: app.command(name, hidden=hidden)(_one_line_errors(function, doing, then))
+    command launchers run, not people); `cls`: the command's class where its help is built (TrainHelp)."""
+    return lambda function: app.command(name, hidden=hidden, cls=cls)(_one_line_errors(function, doing, then))
 
 
 def _version(value: bool):
@@ -87,20 +103,20 @@ def main(version: Annotated[bool, typer.Option(
     """meds: train with the registered RL algorithms (GRPO, DAPO, MEDS, EDAS, ...: `meds list`); evaluate; inspect."""
 
 
-@command("train", doing="write the run folder")
+@command("train", doing="write the run folder", cls=TrainHelp)
 def train(
     config: Annotated[Optional[list[Path]], typer.Option(
         "--config", "-c", help="YAML config file; repeatable, later files win.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", "-s", help="Override one key: section.key=value (repeatable).")] = None,
     algo: Annotated[Optional[str], typer.Option(
-        help="Algorithm: one of the registered algorithms, listed by `meds list` (grpo, dapo, meds, ...).")] = None,
+        help="Algorithm: a registered one (`meds list`).")] = None,
     base: Annotated[Optional[str], typer.Option(
         help="Base algorithm under a shaping method (meds, edas): dapo or grpo.")] = None,
     model: Annotated[Optional[str], typer.Option(
-        help="Hub id, alias (Qwen2.5-Math-1.5B ...), local dir, .gguf file, or smollm2-135m.")] = None,
+        help="Built-in model, alias (`meds list`), hub id, local dir or .gguf file.")] = None,
     task: Annotated[Optional[str], typer.Option(
-        help="Training task: a registered task, listed by `meds list` (arithmetic, math, copy, ...).")] = None,
+        help="Training task: a registered one (`meds list`).")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Training steps.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed.")] = None,
     output: Annotated[Optional[Path], typer.Option(

@@ -321,8 +321,9 @@ def test_the_last_checkpoint_is_left_byte_for_byte_as_it_was(fake, tmp_path):
 
 
 class BadWorker:
-    """A stand-in for the hf worker (a SeparateEngine): honest samples by the fake server's rule,
-    with `fault` applied to the first sample of each job from the second job on."""
+    """A stand-in for the hf worker (an engine apart: the job members of RolloutEngine): honest
+    samples by the fake server's rule, with `fault` applied to the first sample of each job from
+    the second job on."""
 
     name, records_lens, reads_policy_weights, starts_with_policy, keeps_versions = "hf-worker", False, False, True, True
 

@@ -4,10 +4,11 @@ from rich.console import Console
 from rich.table import Table
 
 from meds_cli.core.markup import plain
-from meds_cli.engine.model_io.model import EMBEDDED, TESTBED, TINY, model_aliases
+from meds_cli.engine.model_io.model import BUILT_IN, EMBEDDED, TESTBED, TINY, model_aliases
 
 
-def print_registries() -> None:
+def registries() -> dict[str, object]:
+    """Every registry `meds list` prints, by title, filled (importing the algorithms imports torch)."""
     import algorithms  # noqa: F401  (registers the algorithms)
     from algorithms import ALGORITHMS
     from algorithms.advantages import ADV_ESTIMATORS
@@ -17,11 +18,27 @@ def print_registries() -> None:
     from benchmarks.registry import BENCHMARKS, TASKS
 
     load_all()
+    return {"algorithms": ALGORITHMS, "presets (meds ablate --algos)": PRESETS,
+            "advantage estimators": ADV_ESTIMATORS, "policy losses": POLICY_LOSSES, "tasks": TASKS,
+            "benchmarks": BENCHMARKS}
+
+
+def train_option_help() -> dict[str, str]:
+    """The help of `meds train --algo`, `--task` and `--model` (by parameter name), naming every
+    registered algorithm and task and every built-in model."""
+    filled, aliases = registries(), model_aliases()
+    return {
+        "algo": f"Algorithm: {', '.join(filled['algorithms'].names())} (`meds list` describes them).",
+        "task": f"Training task: {', '.join(filled['tasks'].names())} (`meds list` describes them).",
+        "model": f"Built-in model ({', '.join(BUILT_IN)}; {EMBEDDED}: the embedded default), alias "
+                 f"({len(aliases)} in configs/models.yaml, e.g. {next(iter(aliases), 'none')}: `meds list`), hub id, "
+                 "local dir or .gguf file.",
+    }
+
+
+def print_registries() -> None:
     console = Console()
-    registries = [("algorithms", ALGORITHMS), ("presets (meds ablate --algos)", PRESETS),
-                  ("advantage estimators", ADV_ESTIMATORS),
-                  ("policy losses", POLICY_LOSSES), ("tasks", TASKS), ("benchmarks", BENCHMARKS)]
-    for title, registry in registries:
+    for title, registry in registries().items():
         table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
         for entry in registry.entries():
             table.add_row(f"[bold]{plain(entry.name)}[/]", entry.description)

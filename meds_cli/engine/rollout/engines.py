@@ -51,14 +51,15 @@ class EngineKind:
     unavailable()  why it cannot run on this machine, or None when it can
     preferred()    `auto` picks it here
     check(cfg)     raises UserError for settings of the run config the engine would refuse
-    for_training(settings, context) -> RolloutEngine, or, for an engine that runs apart, a
-                   pipeline.SeparateEngine, which make_engine puts behind a RolloutPipeline;
+    for_training(settings, context) -> RolloutEngine (sampling_engine.py); one that runs apart is
+                   put behind a RolloutPipeline by make_engine;
                    `settings`: its sections of `rollout:` by name (those of `settings` below),
                    `context`: an EngineContext (the policy and the few facts of the run it reads)
     for_eval(spec: ModelSpec, settings: GenerationSettings) -> an eval Backend
     engine_class   the class for_training builds: it implements every member of
-                   sampling_engine.RolloutEngine, or of pipeline.SeparateEngine where it runs apart
-                   (tests/test_engine_protocol.py checks every registered engine)
+                   sampling_engine.RolloutEngine, its own or from the base of its kind
+                   (SamplesInProcess, or SamplesApart where it runs apart); tests/test_engine_protocol.py
+                   checks every registered engine
     runs_apart     it samples in a process or server of its own, so rollout.max_staleness >= 1 can
                    overlap its sampling with the update (engine/rollout/pipeline.py)
     settings       the sections of `rollout:` it reads, by name (rollout.<name>), each a dataclass of

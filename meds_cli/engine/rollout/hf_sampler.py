@@ -39,7 +39,13 @@ from meds_cli.engine.rollout.decoder_step import DecoderStep
 from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, packed_linears
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.sampling_engine import (
+    Sample,
+    SampleRequest,
+    SamplesInProcess,
+    SamplingSettings,
+    split_by_request,
+)
 
 
 def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float,
@@ -297,7 +303,7 @@ class HFConfig:
                                          "before; that key is still read)", at_least(1))
 
 
-class HFEngine:
+class HFEngine(SamplesInProcess):
     """The rollout engine on the training model: nothing to push after an update (it samples
     from the live weights), nothing to release."""
 

@@ -36,7 +36,7 @@ import torch
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, doc
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
-from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.sampling_engine import SampleRequest, SamplesApart, SamplingSettings
 from meds_cli.engine.rollout.weight_sync import full_tensor
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -204,8 +204,8 @@ def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: 
         results.put(Failed(f"{type(err).__name__}: {err}"))
 
 
-class HFWorkerEngine:
-    """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py)."""
+class HFWorkerEngine(SamplesApart):
+    """See the module docstring (an engine apart: its own members are the jobs of sampling_engine.RolloutEngine)."""
 
     name = "hf-worker"
     records_lens = False
@@ -240,7 +240,7 @@ class HFWorkerEngine:
         model_path.unlink(missing_ok=True)
         self.scratch_dir = scratch_dir
 
-    # ------------------------------------------------------------ SeparateEngine
+    # ------------------------------------------------------------ the jobs
 
     def push_policy(self, version: int, weights: dict | None = None) -> None:
         weights = trained_weights(self.model) if weights is None else weights

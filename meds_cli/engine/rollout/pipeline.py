@@ -2,14 +2,14 @@
 server), and the bounded off-policy steps that let its sampling overlap the trainer's update
 (`rollout.max_staleness: k`).
 
-An engine apart (`SeparateEngine`) takes jobs without blocking: `submit` queues a batch of
-requests and returns a ticket, `result` waits for it, `push_policy` sends it the trainer's weights
-as policy version v (the training steps whose update it holds). It samples its jobs in the order
-they were submitted, each from the newest weights it had when the job began, and says which
-version that was and when it ran.
+An engine apart takes jobs without blocking (the job members of sampling_engine.RolloutEngine):
+`submit` queues a batch of requests and returns a ticket, `result` waits for it, `push_policy`
+sends it the trainer's weights as policy version v (the training steps whose update it holds). It
+samples its jobs in the order they were submitted, each from the newest weights it had when the
+job began, and says which version that was and when it ran.
 
-`RolloutPipeline` puts one in front of the trainer as an ordinary rollout engine
-(sampling_engine.RolloutEngine: `generate` waits for its requests' result), plus `prefetch`:
+`RolloutPipeline` puts one in front of the trainer as an engine asked `now` (`generate` waits for
+its requests' result), plus `prefetch`:
 with k >= 1 the rollout source submits the first sampling round of each of the next k steps before it
 updates (the same prompts and per-sample seeds those steps would draw: source.py), and when a
 step asks for exactly those requests `generate` returns the job sampled meanwhile. A step t
@@ -40,10 +40,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings
+from meds_cli.engine.rollout.sampling_engine import (
+    JobResult,
+    RolloutEngine,
+    Sample,
+    SampleRequest,
+    SamplesInProcess,
+    SamplingSettings,
+    stamped,
+)
 from meds_cli.engine.rollout.training_processes import ONE_PROCESS, TrainingProcesses
 
 RUN_ENDS = "the run stops here, its last checkpoint kept"  # how a RolloutEngineGone line ends
@@ -52,44 +60,6 @@ RUN_ENDS = "the run stops here, its last checkpoint kept"  # how a RolloutEngine
 class RolloutEngineGone(UserError):
     """The engine apart died or never became ready: the run ends in this one line (after the last
     checkpoint, which stays as it was)."""
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """What an engine apart returns for one job: the samples per request (sampling_engine's
-    layout), the policy version it sampled from and when it ran (time.monotonic, the same clock
-    in every process of the machine; a remote server's job is timed by the client)."""
-
-    samples: list[list[Sample]]
-    version: int
-    started: float
-    ended: float
-
-
-class SeparateEngine(Protocol):
-    """A rollout engine that runs apart from the trainer (see the module docstring)."""
-
-    name: str
-    records_lens: bool
-    reads_policy_weights: bool  # False: it is sent the weights
-    starts_with_policy: bool  # it holds the trainer's initial weights (version 0) from the start
-    keeps_versions: bool  # it can be pushed an earlier version's weights (a resumed job's); False: the live ones only
-
-    def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> object: ...
-
-    def result(self, ticket) -> JobResult: ...
-
-    # weights: the trained parameters of `version` (a resubmitted job's, kept in a checkpoint); None: the model's now
-    def push_policy(self, version: int, weights: dict | None = None) -> None: ...
-
-    def forget(self, ticket) -> None: ...  # its result is not wanted (a prefetch no step asked for)
-
-    # (started, ended or None while it runs) of every job that ran after `since`, as known now
-    def job_times(self, since: float) -> list[tuple[float, float | None]]: ...
-
-    def take_retries(self) -> int: ...  # requests sent again since the last call (0 where nothing retries)
-
-    def close(self) -> None: ...
 
 
 # ---------------------------------------------------------------- pure functions (tested by hand)
@@ -170,15 +140,16 @@ class _Pending:
     job: InFlightJob
 
 
-class RolloutPipeline:
+class RolloutPipeline(SamplesInProcess):
     """An engine apart as the trainer's rollout engine (see the module docstring). `processes`:
     the training processes, which agree on failures; `snapshot`: the trained weights as CPU
     copies (given where they are small: LoRA), kept per pushed version while a job samples from
-    it, so that a checkpoint can hold them (`in_flight`)."""
+    it, so that a checkpoint can hold them (`in_flight`). To its caller it is an engine like
+    those of the trainer's process: a job submitted to it is sampled (`generate`) at once."""
 
     records_lens = False  # a LensProbe holds hooks on the trainer's model: not sent to another process
 
-    def __init__(self, engine: SeparateEngine | None, max_staleness: int = 0, clock=time.monotonic, *,
+    def __init__(self, engine: RolloutEngine | None, max_staleness: int = 0, clock=time.monotonic, *,
                  processes: TrainingProcesses = ONE_PROCESS,
                  snapshot: Callable[[], dict] | None = None):
         # `clock`: the engine's job times are on it (time.monotonic)
@@ -193,7 +164,7 @@ class RolloutPipeline:
         if engine is not None:
             self._use(engine)
 
-    def start(self, build: Callable[[], SeparateEngine]) -> None:
+    def start(self, build: Callable[[], RolloutEngine]) -> None:
         """Build the engine (`build()`) on every process, agreeing on a failure to start (where
         another process's failed, this one's engine is stopped)."""
         try:
@@ -202,7 +173,7 @@ class RolloutPipeline:
             self.close()
             raise
 
-    def _use(self, engine: SeparateEngine) -> None:
+    def _use(self, engine: RolloutEngine) -> None:
         self.engine, self.name = engine, engine.name
         if not engine.keeps_versions:
             self.snapshot = None  # it sends its live weights only (a server sent full weights): nothing to keep
@@ -366,10 +337,7 @@ class RolloutPipeline:
         t0 = self.clock()
         result = self.engine.result(ticket)
         self.waits.append((t0, self.clock()))
-        for samples in result.samples:
-            for sample in samples:
-                sample.policy_version = result.version
-        return result
+        return stamped(result)
 
 
 def _key(requests: Sequence[SampleRequest], settings: SamplingSettings) -> tuple:

@@ -46,7 +46,13 @@ import torch
 from meds_cli.core.errors import UserError
 from meds_cli.core.fields import Check, at_least, choice, doc
 from meds_cli.engine.model_io.model import DTYPES
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.sampling_engine import (
+    Sample,
+    SampleRequest,
+    SamplesInProcess,
+    SamplingSettings,
+    split_by_request,
+)
 from meds_cli.engine.rollout.weight_sync import adapter_weights, merged_weights, process_rank, wait_for_processes
 
 # vLLM platforms (current_platform.device_type) where `seed_per_request: auto` asks for groups
@@ -243,7 +249,7 @@ def _scheduler_config(llm):
     return getattr(config, "scheduler_config", None)
 
 
-class VLLMEngine:
+class VLLMEngine(SamplesInProcess):
     """See the module docstring. `policy`: the training model (pushed after updates), or None for
     a fixed model (eval); `adapter_path`: a fixed LoRA adapter to serve (eval of a checkpoint);
     `model_len`: the longest prompt plus response the caller will ask for, the KV cache's size

@@ -74,7 +74,13 @@ from meds_cli.core.fields import Check, at_least, doc
 from meds_cli.engine.rollout.hf_worker import CORES
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, JobResult, RolloutEngineGone, spans_since
 from meds_cli.engine.rollout.rollout_check import Limits, describe_request, refused, sample_fault
-from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.sampling_engine import (
+    Sample,
+    SampleRequest,
+    SamplesApart,
+    SamplingSettings,
+    split_by_request,
+)
 from meds_cli.engine.rollout.server_placement import ACCEPTED as GPUS_ACCEPTED
 from meds_cli.engine.rollout.server_placement import server_gpus_valid
 from meds_cli.engine.rollout.server_sync import ABSENT, AdapterSync, PolicySync
@@ -440,10 +446,11 @@ class StartedServer:
 FAILED = -1  # what a process that failed gives in the push's line-up (versions are >= 0)
 
 
-class VLLMServerEngine:
-    """See the module docstring (a SeparateEngine of engine/rollout/pipeline.py). `policy`: the
-    training model; `sync`: how it is sent (server_sync.py; default: its LoRA adapter);
-    `server`: the process where meds started it, else None."""
+class VLLMServerEngine(SamplesApart):
+    """See the module docstring (an engine apart: its own members are the jobs of
+    sampling_engine.RolloutEngine). `policy`: the training model; `sync`: how it is sent
+    (server_sync.py; default: its LoRA adapter); `server`: the process where meds started it,
+    else None."""
 
     name = "vllm-server"
     records_lens = False  # the server exposes no hidden states: MEDS reads its features from the scoring pass
@@ -479,7 +486,7 @@ class VLLMServerEngine:
         self.running: dict[int, tuple[int, Future]] = {}  # ticket -> (version it names, its future), until done
         self.failure: RolloutEngineGone | None = None  # a push that failed: every later job raises it
 
-    # ------------------------------------------------------------ SeparateEngine
+    # ------------------------------------------------------------ the jobs
 
     def push_policy(self, version: int, weights: dict | None = None) -> None:
         """Prepare the version now (the next update must not reach it), apply it on every server in
