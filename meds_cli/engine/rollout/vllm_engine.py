@@ -444,6 +444,7 @@ class VLLMEngine:
             if completion.logprobs is not None:
                 logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)]
             # vLLM names what ended a "stop": the stop id (an int) or the stop string (a tool turn's pause)
-            at_stop, paused_at = completion.finish_reason == "stop", isinstance(completion.stop_reason, str)
+            at_stop = completion.finish_reason == "stop"
+            paused_at = isinstance(getattr(completion, "stop_reason", None), str)
             samples.append(Sample(tokens, at_stop and not paused_at, logprobs, paused=at_stop and paused_at))
         return samples
