@@ -392,10 +392,10 @@ class VLLMEngine:
             return [mine], 0
         return self.tp_gather(mine)
 
-    def _generate_flat(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
+    def _generate_flat(self, items: list[tuple[tuple[int, ...], int, int]], settings: SamplingSettings) -> list[Sample]:
         return [sample for wave in self._waves(items) for sample in self._generate_wave(wave, settings)]
 
-    def _waves(self, items: list[tuple[tuple[int, ...], int]]) -> list[list]:
+    def _waves(self, items: list[tuple[tuple[int, ...], int, int]]) -> list[list]:
         """The items in calls vLLM prefills whole. On CPU, vLLM 0.32 fails on a seeded request
         whose prompt its scheduler splits over two steps ('CPU Generator does not use offset':
         it rewinds the request's generator, which CPU generators cannot), and it splits a prompt
@@ -423,7 +423,7 @@ class VLLMEngine:
             return [(ids, 1, int(seed), budget) for ids, seed, budget in items]
         return [(ids, len(list(run)), None, budget) for (ids, budget), run in groupby(items, key=itemgetter(0, 2))]
 
-    def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
+    def _generate_wave(self, items: list[tuple[tuple[int, ...], int, int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
         requests = self._vllm_requests(items)
         prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _, _ in requests]
