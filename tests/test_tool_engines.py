@@ -108,9 +108,9 @@ def test_turn_seeds_are_the_seed_first_then_distinct_and_fixed():
 # ------------------------------------------------------------------ the embedded SmolLM2, two steps
 
 # The model rarely writes a ```python block, so the tag pair is one it writes all the time on the
-# arithmetic task: "=" opens a block and a newline closes it ("3 + 4 = 7\n" runs " 7" as Python).
+# arithmetic task: "=" opens a block and "." closes it ("3 + 4 = 7." runs " 7" as Python).
 # The path is the real one (stop strings, the sandbox, observations, masks); the code is trivial.
-FORCING = ["rollout.tools=[python]", "rollout.code_tags=['=', '\n']", "rollout.max_tool_calls=2",
+FORCING = ["rollout.tools=[python]", "rollout.code_tags=['=', '.']", "rollout.max_tool_calls=2",
            "rollout.tool_time_limit_s=5"]
 
 
@@ -120,9 +120,11 @@ def two_tool_steps(tmp_path, *overrides):
 
     cfg = load_config(["configs/smollm2.yaml"], [
         "train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=48",
-        "dapo.max_gen_batches=1", "train.checkpoint_every=100", *FORCING, *overrides])
+        "algo.name=grpo", "train.checkpoint_every=100", "train.log_samples_every=1", *FORCING, *overrides])
+    # grpo: the config's MEDS records logit-lens values while sampling, which tool turns do not (docs/tools.md)
     rows = Trainer(cfg, tmp_path).train()
-    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for path in sorted((tmp_path / "samples").glob("step_*.jsonl"))
+               for line in path.read_text().splitlines()]
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return rows, samples, metrics
 
