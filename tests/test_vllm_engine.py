@@ -319,7 +319,7 @@ def test_a_fixed_checkpoint_adapter_is_served_and_never_pushed(tmp_path):
 
 def test_tensor_parallel_processes_pool_their_prompts_and_keep_their_own_share(tmp_path):
     events = []
-    other = [((8, 8), 40)]
+    other = [((8, 8), 40, SETTINGS.max_new_tokens)]  # (prompt ids, seed, token budget) of the other process's sample
 
     def gather(mine):  # this process is second in its group of two
         return [other, mine], 1
