@@ -98,3 +98,29 @@ def test_value_checks_run_when_the_config_loads():
     with pytest.raises(UserError, match="task.digits must be at least 1, got 0"):
         load_config(overrides=["task.digits=0"])
     load_config(overrides=["edas.kappa=1.5", "meds.min_cluster_size=2"])  # the boundaries pass
+
+
+def test_the_tool_settings_are_fields_of_the_rollout_section():
+    cfg = load_config(overrides=["rollout.tools=[python]", "rollout.max_tool_calls=2", "rollout.tool_output_tokens=64",
+                                 "rollout.code_tags=[<run>, </run>]", "rollout.tool_time_limit_s=3"])
+    assert cfg.rollout.enabled and cfg.rollout.tools == ["python"] and cfg.rollout.max_tool_calls == 2
+    assert cfg.rollout.tool_output_tokens == 64 and cfg.rollout.code_tags == ["<run>", "</run>"]
+    assert cfg.rollout.tool_time_limit_s == 3.0
+    assert not load_config().rollout.enabled  # off by default
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.tools=[ruby]", "rollout.tools has 'ruby'; accepted: python"),
+    ("rollout.tools=[python, python]", "rollout.tools names a tool twice: ['python', 'python']"),
+    ("rollout.tools=python", "config key 'rollout.tools' has value 'python'; expected a list of str"),
+    ("rollout.max_tool_calls=0", "rollout.max_tool_calls must be at least 1, got 0"),
+    ("rollout.tool_output_tokens=0", "rollout.tool_output_tokens must be at least 1, got 0"),
+    ("rollout.tool_time_limit_s=0", "rollout.tool_time_limit_s must be greater than 0, got 0"),
+    ("rollout.code_tags=[<code>]", "rollout.code_tags must be two non-empty tags [opening, closing], got ['<code>']"),
+    ("rollout.code_tags=[<c>, <c>]", "rollout.code_tags must differ"),
+    ("rollout.code_tags=['```', </c>]", "rollout.code_tags must not contain ```"),
+])
+def test_bad_tool_settings_are_refused_in_one_line(override, message):
+    with pytest.raises(UserError) as error:
+        load_config(overrides=[override])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value), str(error.value)

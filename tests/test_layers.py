@@ -229,12 +229,13 @@ ENGINE = ROOT / "meds_cli" / "engine"
 def test_the_loop_and_the_run_config_stay_small(graph):
     """trainer.py reads as the loop itself (architecture.md, "Rooms inside the engine"): few imports,
     the Trainer class under 250 lines, one step on one screen; the run config names few modules
-    (engines and algorithms register their own sections)."""
+    (engines and algorithms register their own sections; the sixteenth is the tool settings, which the
+    rollout section inherits: docs/tools.md, "Settings")."""
     assert len(counted_imports(graph, "meds_cli.engine.trainer")) <= 12, sorted(counted_imports(
         graph, "meds_cli.engine.trainer"))
     assert node_lines(ENGINE / "trainer.py", "Trainer") < 250
     assert node_lines(ENGINE / "trainer.py", "train_step") <= 40
-    assert len(counted_imports(graph, "meds_cli.engine.config")) <= 15, sorted(counted_imports(
+    assert len(counted_imports(graph, "meds_cli.engine.config")) <= 16, sorted(counted_imports(
         graph, "meds_cli.engine.config"))
 
 

@@ -30,6 +30,7 @@ from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.core.files import read_user_text, replace_text
 from meds_cli.engine.rollout.engines import check_engine_settings, engine_sections
+from meds_cli.engine.rollout.tools.settings import ToolSettings
 from meds_cli.engine.run_folders.trackers import parse_report_to
 from meds_cli.engine.training.importance import IS_CORRECTIONS, truncation_of_sampler
 from meds_cli.engine.training.packing import PADDING_FREE_SETTINGS
@@ -134,8 +135,9 @@ class RewardConfig:
 
 
 @dataclass
-class RolloutSettings:
-    """The rollout section's own settings; RolloutConfig adds one section per engine settings class."""
+class RolloutSettings(ToolSettings):
+    """The rollout section's own settings, the tool settings (rollout.tools, rollout.max_tool_calls, ...:
+    tools/settings.py, docs/tools.md) among them; RolloutConfig adds one section per engine settings class."""
 
     prompts_per_step: int = doc(4, "groups (prompts) per optimizer batch, across all processes", at_least(1))
     group_size: int = doc(8, "G: responses sampled per prompt", at_least(1))
@@ -160,6 +162,7 @@ class RolloutSettings:
     tis_cap: float = doc(2.0, "cap of the importance weight pi_old / pi_sampler (tis: truncated at it; decoupled: "
                               "tokens above it left out)", FINITE_POSITIVE)
     def validate(self, prefix: str) -> None:
+        ToolSettings.validate(self, prefix)
         require(self.min_new_tokens <= self.max_new_tokens,
                 f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
         truncation = truncation_of_sampler(self.top_p, self.min_new_tokens)

@@ -1,7 +1,8 @@
 """The `rollout.tools` settings: which tools a response may call, how often, how long each runs
 and how much of its output the model reads back. A config section in the project's form
 (core/fields.py): each field's help text and check beside its default; `validate` for the checks
-that relate fields. Not yet part of `RolloutConfig`: docs/tools.md says how it plugs in."""
+that relate fields. The rollout section inherits it (engine/config.py `RolloutSettings`), so the keys
+are rollout.tools, rollout.max_tool_calls, ... (docs/tools.md, "Settings")."""
 
 from __future__ import annotations
 
