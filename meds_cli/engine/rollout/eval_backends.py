@@ -127,6 +127,11 @@ def sample_seeds(seed: int, n: int) -> tuple[int, ...]:
 def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request],
                   settings: GenerationSettings) -> list[Generated]:
     """The harness's requests through a rollout engine."""
+    if settings.tools is not None:
+        # Until the engines sample turn by turn (issue 56: batch.py's tool path), sampling without
+        # the tools asked for would report an eval with tools that never ran one.
+        raise UserError("meds eval --tools: the rollout engines do not sample with tools yet (docs/tools.md); "
+                        "evaluate with --tools none")
     stops = stop_token_ids(tokenizer)
     sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops)
     out = engine.generate(sample_requests(tokenizer, [r.prompt for r in requests],
