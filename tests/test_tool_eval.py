@@ -14,29 +14,23 @@ from benchmarks.generation import Generated
 from meds_cli.app import app
 from meds_cli.commands import eval as eval_command
 from meds_cli.engine.rollout.tools.turn_loop import ToolRuntime, TurnLimits, sample_with_tools
+from tests import test_eval_cli
 from tests.cli_errors import one_error_line
 from tests.scripted_tool_engine import CharTokenizer, ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
+ROWS = test_eval_cli.ROWS
+data_dir = test_eval_cli.data_dir  # the fixture: a math500 folder of ROWS
 runner = CliRunner()
-ROWS = [{"problem": "compute 1+1", "answer": "2"}, {"problem": "compute 2*3", "answer": "6"}]
-# Per problem, two samples: the model checks its sum with the tool and boxes it itself (right), or
-# the tool prints the box and the model never writes one (wrong: the tool's box is no answer).
+# Per problem ("compute 1+1", ...: tests/test_eval_cli.py's rows), two samples: the model checks its
+# result with the tool and boxes it itself (right), or the tool prints the box and the model never
+# writes one (wrong: the tool's box is no answer).
 CHECKED = "```python\nprint({expr})\n```\nSo it is \\boxed{{{answer}}}."
 TOOL_BOXED = "```python\nprint('\\\\boxed{{%d}}' % ({expr}))\n```\nThat is what the tool says."
-EXPRESSIONS = {"compute 1+1": ("1+1", 2), "compute 2*3": ("2*3", 6)}
 
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    (folder / "math500").mkdir()
-    (folder / "math500" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return folder
 
 
 class ScriptedToolBackend:
@@ -55,7 +49,8 @@ class ScriptedToolBackend:
     def generate(self, requests):
         out = []
         for request in requests:
-            expr, answer = EXPRESSIONS[request.prompt.splitlines()[0]]
+            expr = request.prompt.splitlines()[0].removeprefix("compute ")
+            answer = eval(expr)  # the test's own rows: a sum, a product or a difference of digits
             scripts = [CHECKED.format(expr=expr, answer=answer), TOOL_BOXED.format(expr=expr)][: request.n]
             prompts = [f"{request.prompt}#{j}" for j in range(len(scripts))]  # each sample its own context
             if self.generation.tools is None:
@@ -108,9 +103,9 @@ def test_eval_with_tools_reports_the_tool_columns_and_grades_the_models_text(tmp
     assert scores["pass@k"]["1"] == 0.5 and scores["pass@k"]["2"] == 1.0
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     wrong = [r for r in rows if not r["correct"]]
-    assert len(wrong) == 2 and all("```output\n\\boxed{" in r["response"] for r in wrong)  # shown, not graded
+    assert len(wrong) == len(ROWS) and all("```output\n\\boxed{" in r["response"] for r in wrong)  # shown, not graded
     assert all(r["tools"]["calls"] == 1 and r["tools"]["observation_tokens"] > 0 for r in rows)
-    assert {r["extracted"] for r in rows if r["correct"]} == {"2", "6"}
+    assert {r["extracted"] for r in rows if r["correct"]} == {row["answer"] for row in ROWS}
     for column in ("tool calls", "used tool", "tool errors", "tool time-outs"):
         assert column in result.output
 
@@ -202,7 +197,8 @@ def test_the_real_backends_refuse_tools_until_the_engines_sample_with_them(tmp_p
     """Interim (issue 56): the engines' tool path is not merged on this branch, so an eval with tools
     is refused in one line rather than sampled without them. Replaced by an end-to-end eval on the
     embedded SmolLM2 once batch.py samples with tools."""
-    result = invoke(*eval_args(data_dir, tmp_path / "out", "--model", "tiny-llama", "--tools", "python", "--limit", "1"))
+    result = invoke(*eval_args(data_dir, tmp_path / "out", "--model", "tiny-llama", "--tools", "python",
+                               "--limit", "1"))
     line = result.output.strip().splitlines()[-1]
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert line.startswith("error:") and "--tools none" in line and "do not sample with tools yet" in line
