@@ -43,7 +43,7 @@ class ScriptedEngine:
         assert len(matches) == 1, "each prompt must start one context only"
         return matches[0]
 
-    def __call__(self, contexts, max_new_tokens, stop):
+    def __call__(self, contexts, max_new_tokens, stop, seeds=None):
         self.stops.append(list(stop))
         turns = []
         for context, budget in zip(contexts, max_new_tokens, strict=True):

@@ -193,3 +193,50 @@ def test_rows_that_ended_early_change_nothing_for_the_others():
             assert sample.token_ids == single.token_ids and sample.stopped == single.stopped
             # the float32 log-probs of float64 logits: equal up to the last bit of the cast
             assert sample.logprobs == pytest.approx(single.logprobs, abs=1e-6)
+
+
+# ---------------------------------------------------------------- tool turns: stop strings, budgets per request
+
+
+def _first_completion(tokenizer, tokens, string):
+    """The index of the token whose text first completes `string` in the decoded tokens."""
+    return next(k for k in range(len(tokens)) if string in tokenizer.decode(tokens[:k + 1]))
+
+
+def test_a_row_pauses_after_a_stop_string_and_keeps_it_in_its_tokens():
+    model, tokenizer = _policy()
+    request = SampleRequest(_ids(tokenizer, PROMPTS[0]), (5, 6))
+    free = HFEngine(model, tokenizer.pad_token_id, 8).generate([request], SamplingSettings(1.0, 1.0, 16, ()))[0]
+    text = tokenizer.decode(free[0].token_ids)
+    string = text[len(text) // 2: len(text) // 2 + 2]  # two characters from the middle of sample 0
+    engine = HFEngine(model, tokenizer.pad_token_id, 8, tokenizer=tokenizer)
+    paused = engine.generate([request], SamplingSettings(1.0, 1.0, 16, (), stop_strings=(string,)))[0]
+    end = _first_completion(tokenizer, free[0].token_ids, string)
+    assert paused[0].token_ids == free[0].token_ids[:end + 1]  # the same draws up to the pause, the string kept
+    assert string in tokenizer.decode(paused[0].token_ids) and paused[0].paused and not paused[0].stopped
+    assert paused[0].logprobs == pytest.approx(free[0].logprobs[:end + 1], abs=1e-6)
+    if string not in tokenizer.decode(free[1].token_ids):  # sample 1 never writes it: sampled as before
+        assert paused[1].token_ids == free[1].token_ids and not paused[1].paused
+
+
+def test_stop_strings_without_a_tokenizer_are_refused():
+    model, tokenizer = _policy()
+    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+        HFEngine(model, tokenizer.pad_token_id, 8).generate(
+            [SampleRequest(_ids(tokenizer, "9"), (1,))], SamplingSettings(1.0, 1.0, 4, (), stop_strings=("x",)))
+
+
+def test_each_request_keeps_its_own_budget_and_its_samples_do_not_depend_on_the_batch():
+    model, tokenizer = _policy()
+    settings = SamplingSettings(1.0, 1.0, 12, stop_token_ids(tokenizer))
+    requests = [SampleRequest(_ids(tokenizer, p), (3 + i, 40 + i), max_new_tokens=budget)
+                for i, (p, budget) in enumerate(zip(PROMPTS, [3, 12, 7, 30]))]
+    together = HFEngine(model, tokenizer.pad_token_id, 16).generate(requests, settings)
+    for request, group in zip(requests, together):
+        alone = HFEngine(model, tokenizer.pad_token_id, 1).generate([request], settings)[0]
+        full = HFEngine(model, tokenizer.pad_token_id, 1).generate(
+            [SampleRequest(request.prompt_ids, request.seeds)], settings)[0]
+        for sample, single, whole in zip(group, alone, full):
+            assert len(sample.token_ids) <= request.budget(settings)
+            assert sample.token_ids == single.token_ids == whole.token_ids[:request.budget(settings)]
+            assert not sample.paused

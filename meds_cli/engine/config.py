@@ -163,6 +163,9 @@ class RolloutSettings(ToolSettings):
                               "tokens above it left out)", FINITE_POSITIVE)
     def validate(self, prefix: str) -> None:
         ToolSettings.validate(self, prefix)
+        require(not self.enabled or self.min_new_tokens == 0,
+                f"{prefix}min_new_tokens={self.min_new_tokens} forces lengths, which a response sampled turn by turn "
+                f"with {prefix}tools cannot keep; use min_new_tokens=0 with tools")
         require(self.min_new_tokens <= self.max_new_tokens,
                 f"{prefix}min_new_tokens={self.min_new_tokens} must not exceed max_new_tokens={self.max_new_tokens}")
         truncation = truncation_of_sampler(self.top_p, self.min_new_tokens)

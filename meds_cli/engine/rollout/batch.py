@@ -5,20 +5,26 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from meds_cli.core.forward import LensProbe
 from meds_cli.core.records import Problem
 from meds_cli.core.rollouts import Rollouts
 from meds_cli.engine.rollout.hf_sampler import HFEngine
-from meds_cli.engine.rollout.rollout_check import check_samples
+from meds_cli.engine.rollout.rollout_check import checked_samples
 from meds_cli.engine.rollout.sampling_engine import (
+    SEED_LIMIT,
     RolloutEngine,
     Sample,
     SampleRequest,
     SamplingSettings,
     stop_token_ids,
 )
+from meds_cli.engine.rollout.tool_turns import sample_tool_responses
+from meds_cli.engine.rollout.tools.settings import tool_settings_of
+from meds_cli.engine.rollout.tools.turn_loop import ToolResponse
 
 # ---------------------------------------------------------------- generation
 
@@ -26,14 +32,13 @@ from meds_cli.engine.rollout.sampling_engine import (
 def sampling_settings(rollout_cfg, tokenizer, *, temperature: float | None = None,
                       top_p: float | None = None, lens: LensProbe | None = None) -> SamplingSettings:
     """The rollout section's sampling settings (temperature / top_p overridable, as for greedy
-    evals; `lens`: logit-lens values to record per token)."""
+    evals; `lens`: logit-lens values to record per token), its tool settings where rollout.tools
+    names any (then sampled turn by turn: docs/tools.md)."""
     return SamplingSettings(temperature=rollout_cfg.temperature if temperature is None else temperature,
                             top_p=rollout_cfg.top_p if top_p is None else top_p,
                             max_new_tokens=rollout_cfg.max_new_tokens, stop_ids=stop_token_ids(tokenizer),
-                            min_new_tokens=rollout_cfg.min_new_tokens, lens=lens)
-
-
-SEED_LIMIT = 2**62  # a sample's seed is below it
+                            min_new_tokens=rollout_cfg.min_new_tokens, lens=lens,
+                            tools=tool_settings_of(rollout_cfg) if rollout_cfg.enabled else None)
 
 
 def draw_seeds(prompts: int, group_size: int, generator: torch.Generator | None = None) -> list[list[int]]:
@@ -56,12 +61,13 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
     which may pad the tokenizer's vocabulary; None: the tokenizer's)."""
     seeds = draw_seeds(len(prompts), group_size) if seeds is None else seeds
     requests = sample_requests(tokenizer, prompts, seeds)
+    vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+    if settings.tools is not None:  # turn by turn, code blocks run between turns (tool_turns.py)
+        responses = sample_tool_responses(engine, tokenizer, requests, settings, vocab_size)
+        return rollouts_from_tool_responses(tokenizer, [r.prompt_ids for r in requests], responses, problems,
+                                            group_size, settings.stop_ids)
     samples = engine.generate(requests, settings)
-    # an engine apart agrees on the outcome over the training processes: every process ends in one line
-    agreed = getattr(engine, "agreed", lambda work: work())
-    agreed(lambda: check_samples(getattr(engine, "name", type(engine).__name__), requests, samples, settings,
-                                 len(tokenizer) if vocab_size is None else vocab_size,
-                                 getattr(engine, "newest_version", None)))
+    checked_samples(engine, requests, samples, settings, vocab_size)
     return rollouts_from_samples(tokenizer, [r.prompt_ids for r in requests], samples, problems, group_size,
                                  settings.stop_ids)
 
@@ -87,6 +93,31 @@ def decode_responses(tokenizer, samples: list[Sample], stop_ids) -> list[str]:
     stop = set(stop_ids)
     return tokenizer.batch_decode([[t for t in s.token_ids if t not in stop] for s in samples],
                                   skip_special_tokens=True)
+
+
+def rollouts_from_tool_responses(tokenizer, prompt_ids: list[tuple[int, ...]], responses: list[list[ToolResponse]],
+                                 problems: list[Problem], group_size: int, stop_ids) -> Rollouts:
+    """The Rollouts of responses sampled with tools (docs/tools.md, "What an engine hands the
+    trainer"): the ids from each response's layout (observations included, attention 1 on every
+    response token), the loss mask 0 on observations, the sampler's log-probs at the model's
+    tokens, the text with its observation spans (each segment decoded as decode_responses does),
+    the tool stats; a response stopped where its last token is a stop id."""
+    stop = set(stop_ids)
+    as_samples = [[Sample(r.layout()[0], bool(r.segments) and r.segments[-1].from_model and r.finished
+                          and r.layout()[0][-1] in stop, r.logprobs(), policy_version=r.policy_version)
+                   for r in group] for group in responses]
+    batch = rollouts_from_samples(tokenizer, prompt_ids, as_samples, problems, group_size, stop_ids)
+    flat = [r for group in responses for r in group]
+    for row, response in enumerate(flat):
+        mask = response.layout()[1]
+        batch.response_mask[row, :len(mask)] = torch.tensor(mask, dtype=batch.response_mask.dtype)
+
+    def text_of(ids: list[int]) -> str:
+        return tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+
+    texts = [response.text(text_of) for response in flat]
+    return replace(batch, response_texts=[text for text, _ in texts], observation_spans=[spans for _, spans in texts],
+                   tool_stats=[response.stats for response in flat])
 
 
 def rollouts_from_samples(tokenizer, prompt_ids: list[tuple[int, ...]], samples: list[list[Sample]],

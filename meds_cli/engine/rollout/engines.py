@@ -199,7 +199,8 @@ def make_backend(name: str, spec: ModelSpec, settings):
 
 
 def _hf_for_training(settings: dict, context: EngineContext) -> RolloutEngine:
-    return HFEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size)
+    return HFEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size,
+                    tokenizer=context.tokenizer)
 
 
 def _hf_for_eval(spec: ModelSpec, settings):
@@ -225,7 +226,8 @@ def _hf_worker_for_training(settings: dict, context: EngineContext):
     # each training process its own worker, on its share of rollout.worker.cores
     cores = cores_of_process(parse_cores(settings["worker"].cores), context.rank, context.processes)
     return HFWorkerEngine(context.model, context.tokenizer.pad_token_id, settings["hf"].generation_batch_size,
-                          scratch_dir=context.scratch_dir, autocast=context.autocast, cores=cores)
+                          scratch_dir=context.scratch_dir, autocast=context.autocast, cores=cores,
+                          tokenizer=context.tokenizer)
 
 
 ROLLOUT_ENGINES.register("hf-worker", "the hf engine's decode loop in a worker process of its own, sent the "

@@ -26,8 +26,8 @@ when the settings carry a LensProbe, each token's logit-lens values (engine/roll
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import torch
 
@@ -40,6 +40,7 @@ from meds_cli.engine.rollout.lens_probe import LensRecorder, can_record_lens
 from meds_cli.engine.rollout.packed_linear import PACKED_MIN_NEW_TOKENS, packed_linears
 from meds_cli.engine.rollout.reserved_cache import reserve_cache
 from meds_cli.engine.rollout.sampling_engine import Sample, SampleRequest, SamplingSettings, split_by_request
+from meds_cli.engine.rollout.stop_strings import StopStringWatch
 
 
 def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float,
@@ -169,18 +170,23 @@ def merged_lora(model):
 
 @torch.no_grad()
 def decode(model, requests: Sequence[SampleRequest], settings: SamplingSettings, pad_id: int, *,
-           direct_steps: bool = True) -> list[list[Sample]]:
+           direct_steps: bool = True, text_of: Callable[[list[int]], str] | None = None) -> list[list[Sample]]:
     """Sample every request's responses in one batch: one prefill per prompt, then one forward
     per new token over the rows still running (with `direct_steps`, a DecoderStep where one
-    applies)."""
+    applies). `text_of` (a tokenizer's decode) finds settings.stop_strings."""
+    watch = None
+    if settings.stop_strings:
+        if text_of is None:
+            raise ValueError("stop strings need the tokenizer's decode (HFEngine's tokenizer)")
+        watch = StopStringWatch(text_of, settings.stop_strings, sum(r.n for r in requests))
     if settings.lens is None:
-        return _decode(model, requests, settings, pad_id, None, direct_steps)
+        return _decode(model, requests, settings, pad_id, None, direct_steps, watch)
     with LensRecorder(model, settings.lens) as lens:
-        return _decode(model, requests, settings, pad_id, lens, direct_steps)
+        return _decode(model, requests, settings, pad_id, lens, direct_steps, watch)
 
 
 def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: LensRecorder | None,
-            direct_steps: bool) -> list[list[Sample]]:
+            direct_steps: bool, watch: StopStringWatch | None) -> list[list[Sample]]:
     device = next(model.parameters()).device
     width = max(len(r.prompt_ids) for r in requests)
     ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
@@ -194,17 +200,23 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     keyword = cache_keyword(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
-    rows = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor([r.n for r in requests])).to(device)
+    counts = torch.tensor([r.n for r in requests])
+    rows = torch.repeat_interleave(torch.arange(len(requests)), counts).to(device)
+    budgets = [r.budget(settings) for r in requests]
+    steps = max(budgets)
+    # a row's own budget, read only where the requests' budgets differ (tool turns: docs/tools.md)
+    limit = (torch.repeat_interleave(torch.tensor(budgets), counts).to(device)
+             if min(budgets) < steps else None)
     # the prompt's keys and values, copied to each of its samples, with room for the responses
-    reserve_cache(cache, rows, width + settings.max_new_tokens)
+    reserve_cache(cache, rows, width + steps)
     logits = out.logits[:, -1].float()[rows]
     mask, next_position = mask[rows], positions[rows, -1] + 1
     del out
     if lens is not None:
         lens.select(rows)
 
-    steps = settings.max_new_tokens
-    uniforms = row_uniforms([s for r in requests for s in r.seeds], steps).to(device)
+    # drawn for the settings' whole budget, whatever this batch's: a sample's uniforms are its seed's alone
+    uniforms = row_uniforms([s for r in requests for s in r.seeds], settings.max_new_tokens)[:, :steps].to(device)
     total = len(rows)
     tokens_out = torch.zeros((total, steps), dtype=torch.long, device=device)
     logp_out = torch.zeros((total, steps), device=device)
@@ -212,6 +224,8 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
                 if lens is not None else None)
     lengths = torch.zeros(total, dtype=torch.long, device=device)
     stopped = torch.zeros(total, dtype=torch.bool, device=device)
+    paused = [False] * total  # after a stop string (watch)
+    running_rows = list(range(total))  # `running` on the host, kept only with a watch
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
     running = torch.arange(total, device=device)  # original row of each batch row
     # Rows that ended stay in the batch (their draws discarded) until they are a quarter of it:
@@ -233,13 +247,20 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
         ended = torch.isin(token, stop) & alive
         stopped[running] |= ended
         alive &= ~ended
+        if limit is not None:
+            alive &= lengths[running] < limit[running]
+        if watch is not None:
+            dead = _pause_at_stop_strings(watch, token, alive, running_rows, paused)
         if t == steps - 1:
             break
-        dead = host_read((~alive).sum())  # the step's one read back to the host
+        if watch is None:
+            dead = host_read((~alive).sum())  # the step's one read back to the host
         if dead == len(alive):
             break
         if dead * 4 >= len(alive):
             keep = _first_true(alive, len(alive) - dead)
+            if watch is not None:
+                running_rows = [running_rows[k] for k in host_read(keep)]
             running, token, mask, next_position = running[keep], token[keep], mask[keep], next_position[keep]
             alive = alive[keep]
             cache.batch_select_indices(keep)
@@ -256,9 +277,22 @@ def _decode(model, requests, settings: SamplingSettings, pad_id: int, lens: Lens
     tokens_out, logp_out, lengths, stopped = tokens_out.cpu(), logp_out.cpu(), lengths.tolist(), stopped.tolist()
     lens_out = lens_out.cpu() if lens_out is not None else None
     samples = [Sample(tokens_out[i, :lengths[i]].tolist(), stopped[i], logp_out[i, :lengths[i]].tolist(),
-                      lens_out[i, :lengths[i]].clone() if lens_out is not None else None)
+                      lens_out[i, :lengths[i]].clone() if lens_out is not None else None, paused=paused[i])
                for i in range(total)]
     return split_by_request(requests, samples)
+
+
+def _pause_at_stop_strings(watch: StopStringWatch, token: torch.Tensor, alive: torch.Tensor,
+                           running_rows: list[int], paused: list[bool]) -> int:
+    """End the live rows whose newest token completes a stop string (marked `paused`); the number
+    of ended batch rows. The step's one read to the host: the tokens with the live flags."""
+    tokens, live = host_read(torch.stack([token, alive.long()]))
+    hits = watch.paused(running_rows, tokens, live)
+    for position in hits:
+        paused[running_rows[position]] = True
+    if hits:
+        alive[torch.tensor(hits, device=alive.device)] = False
+    return len(live) - sum(live) + len(hits)
 
 
 def batches_of(requests: Sequence[SampleRequest], rows: int) -> list[list[SampleRequest]]:
@@ -274,7 +308,7 @@ def batches_of(requests: Sequence[SampleRequest], rows: int) -> list[list[Sample
                 current, size = [], 0
                 room = rows
             part, seeds = seeds[:room], seeds[room:]
-            current.append(SampleRequest(request.prompt_ids, tuple(part)))
+            current.append(replace(request, seeds=tuple(part)))
             size += len(part)
     if current:
         batches.append(current)
@@ -305,10 +339,12 @@ class HFEngine:
     reads_policy_weights = True  # it decodes with the live (gathered) policy
 
     def __init__(self, model, pad_id: int, batch_size: int, *, merge_lora: bool = True,
-                 packing: str | None = None, direct_steps: bool = True):
+                 packing: str | None = None, direct_steps: bool = True, tokenizer=None):
         """`packing`: decode float32 from weights packed for "mkl" or "onednn", or "none"; None:
-        the one this CPU's calibration (core/cpu_calibration.py) measured fastest."""
+        the one this CPU's calibration (core/cpu_calibration.py) measured fastest. `tokenizer`:
+        its decode finds SamplingSettings.stop_strings (tool turns; None: none can be asked)."""
         self.model, self.pad_id, self.batch_size = model, pad_id, max(1, batch_size)
+        self.text_of = tokenizer.decode if tokenizer is not None else None
         if packing is None:  # asked once here, not at every generate: the CPU does not change
             on_cpu = next(model.parameters()).device.type == "cpu"
             packing = cpu_fast_paths().paths.float32_packing if on_cpu else "none"
@@ -327,7 +363,8 @@ class HFEngine:
                   packed_linears(self.model, bf16=bf16, packing=self.packing) if pack or bf16 else nullcontext()):
                 out = []
                 for batch in batches_of(requests, self.batch_size):
-                    out.extend(decode(self.model, batch, settings, self.pad_id, direct_steps=self.direct_steps))
+                    out.extend(decode(self.model, batch, settings, self.pad_id, direct_steps=self.direct_steps,
+                                      text_of=self.text_of))
         finally:
             self.model.train(was_training)
         # undo the splitting of batches_of: the samples of each request, in seed order

@@ -163,7 +163,7 @@ class Failed:  # worker -> trainer: the worker stops on this error (its tracebac
 
 
 def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: str, threads: int,
-                 cores: list[int], jobs, results) -> None:
+                 cores: list[int], jobs, results, tokenizer=None) -> None:
     """The worker process: load the model, then serve weights and jobs in order until told to stop."""
     from contextlib import nullcontext
 
@@ -176,7 +176,7 @@ def _worker_main(model_path: str, pad_token_id: int, batch_size: int, autocast: 
         model = torch.load(model_path, weights_only=False)
         os.remove(model_path)
         model.eval()
-        engine = HFEngine(model, pad_token_id, batch_size)
+        engine = HFEngine(model, pad_token_id, batch_size, tokenizer=tokenizer)
         device = next(model.parameters()).device.type
         dtype = AUTOCAST_DTYPES.get(autocast)
         version = 0
@@ -214,7 +214,8 @@ class HFWorkerEngine:
     keeps_versions = True  # any version's trained weights can be sent to it
 
     def __init__(self, model, pad_token_id: int, batch_size: int, *, scratch_dir: Path, autocast: str = "no",
-                 cores: Sequence[int] = (), start_timeout_s: float = 300.0):
+                 cores: Sequence[int] = (), start_timeout_s: float = 300.0, tokenizer=None):
+        """`tokenizer`: sent to the worker once, for the stop strings of tool turns (SamplingSettings)."""
         import torch.multiprocessing as mp
 
         self.model = model
@@ -228,7 +229,8 @@ class HFWorkerEngine:
         threads = len(cores) if cores else torch.get_num_threads()
         self.process = context.Process(
             target=_worker_main, daemon=True, name="meds-hf-worker",
-            args=(str(model_path), pad_token_id, batch_size, autocast, threads, list(cores), self.jobs, self.results))
+            args=(str(model_path), pad_token_id, batch_size, autocast, threads, list(cores), self.jobs, self.results,
+                  tokenizer))
         self.process.start()
         self.tickets = 0
         self.done: dict[int, Done] = {}

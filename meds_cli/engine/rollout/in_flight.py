@@ -30,9 +30,8 @@ from typing import Callable, Sequence
 import torch
 
 from meds_cli.core.read_back import read_json, require
-from meds_cli.engine.rollout.batch import SEED_LIMIT
 from meds_cli.engine.rollout.pipeline import InFlightJob
-from meds_cli.engine.rollout.sampling_engine import SampleRequest
+from meds_cli.engine.rollout.sampling_engine import SEED_LIMIT, SampleRequest
 from meds_cli.engine.run_folders.state_codec import read_tensors
 
 FORMAT, VERSION = "meds-in-flight", 1

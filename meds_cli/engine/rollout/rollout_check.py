@@ -15,7 +15,7 @@ prints its cost beside building the batch).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from meds_cli.engine.rollout.pipeline import RUN_ENDS, RolloutEngineGone
@@ -37,10 +37,17 @@ class Limits:
     vocab_size: int
     max_new_tokens: int
     stop_ids: frozenset[int]
+    budget_name: str = "rollout.max_new_tokens"  # what max_new_tokens is, in a refusal
 
     @classmethod
     def of(cls, settings: SamplingSettings, vocab_size: int) -> "Limits":
         return cls(int(vocab_size), settings.max_new_tokens, frozenset(settings.stop_ids))
+
+    def of_request(self, request: SampleRequest, settings: SamplingSettings) -> "Limits":
+        """These limits with `request`'s own token budget, where it has one (a tool turn's)."""
+        if request.max_new_tokens is None:
+            return self
+        return replace(self, max_new_tokens=request.budget(settings), budget_name="the request's token budget")
 
 
 def sample_fault(sample: Sample, limits: Limits) -> str | None:
@@ -49,7 +56,7 @@ def sample_fault(sample: Sample, limits: Limits) -> str | None:
     tokens = sample.token_ids
     count = len(tokens)
     if count > limits.max_new_tokens:
-        return f"{count} tokens, more than rollout.max_new_tokens={limits.max_new_tokens}"
+        return f"{count} tokens, more than {limits.budget_name}={limits.max_new_tokens}"
     if count and (min(tokens) < 0 or max(tokens) >= limits.vocab_size):
         position, token = next((i, t) for i, t in enumerate(tokens) if not 0 <= t < limits.vocab_size)
         return (f"token id {token} at position {position}, outside the vocabulary (0..{limits.vocab_size - 1})")
@@ -58,6 +65,8 @@ def sample_fault(sample: Sample, limits: Limits) -> str | None:
         return f"stop id {token} at position {position}, before the response's end"
     if sample.stopped and (not count or tokens[-1] not in limits.stop_ids):
         return f"a response marked stopped whose last token ({tokens[-1] if count else 'none'}) is not a stop id"
+    if sample.paused and sample.stopped:
+        return "a response marked both stopped (a stop id) and paused (a stop string)"
     logprobs = sample.logprobs
     if logprobs is not None:
         if len(logprobs) != count:
@@ -106,7 +115,17 @@ def check_samples(engine: str, requests: Sequence[SampleRequest], samples: list[
     for index, (request, group) in enumerate(zip(requests, samples)):
         if len(group) != request.n:
             raise refused(engine, None, f"request {index} ({request.n} samples asked)", f"{len(group)} samples")
+        own = limits.of_request(request, settings)
         for seed, sample in zip(request.seeds, group):
-            problem = sample_fault(sample, limits) or version_fault(sample, newest_version)
+            problem = sample_fault(sample, own) or version_fault(sample, newest_version)
             if problem is not None:
                 raise refused(engine, sample.source, describe_request(request, seed, index), problem)
+
+
+def checked_samples(engine, requests: Sequence[SampleRequest], samples: list[list[Sample]],
+                    settings: SamplingSettings, vocab_size: int) -> None:
+    """check_samples of what `engine` returned; an engine apart (pipeline.py) agrees on the outcome
+    over the training processes, so that every process ends in one line."""
+    agreed = getattr(engine, "agreed", lambda work: work())
+    agreed(lambda: check_samples(getattr(engine, "name", type(engine).__name__), requests, samples, settings,
+                                 vocab_size, getattr(engine, "newest_version", None)))

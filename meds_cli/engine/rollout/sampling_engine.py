@@ -10,6 +10,11 @@ engine is a config choice (`rollout.engine`), looked up in the registry of engin
 A request is one prompt and one seed per sample: a sample's randomness belongs to the sample,
 not to the batch it happens to be drawn in, so the same (prompt, seed) gives the same response
 however requests are grouped.
+
+Tool-integrated reasoning (engine/rollout/tools/) samples a response turn by turn: the settings
+then carry `stop_strings` (a sample pauses after the first of them, the string kept in its tokens:
+`Sample.paused`) and each request its own token budget (`SampleRequest.max_new_tokens`: what is
+left of the response's), so that one call serves every response of a round.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from meds_cli.core.forward import LensProbe
+from meds_cli.engine.rollout.tools.settings import ToolSettings
 
 
 @dataclass(frozen=True)
@@ -28,16 +34,31 @@ class SamplingSettings:
     stop_ids: tuple[int, ...]  # a response ends after the first of these (kept in the response)
     min_new_tokens: int = 0  # stop ids are refused before this many tokens (benchmarks force lengths)
     lens: LensProbe | None = None  # values to record per sampled token (engines with records_lens)
+    # a sample pauses after the first of these strings in the text it sampled (kept in its tokens:
+    # Sample.paused); tool-integrated reasoning's code-block ends (tools/blocks.py stop_strings)
+    stop_strings: tuple[str, ...] = ()
+    # rollout.tools and its limits: batch.py then samples turn by turn, running code blocks between
+    # turns (tools/turn_loop.py); an engine is always asked without them (tool_turns.turn_settings)
+    tools: ToolSettings | None = None
+
+
+SEED_LIMIT = 2**62  # a sample's seed is below it
 
 
 @dataclass(frozen=True)
 class SampleRequest:
     prompt_ids: tuple[int, ...]  # the prompt as the model sees it: no BOS added by the engine
     seeds: tuple[int, ...]  # one per sample: len(seeds) responses are drawn
+    max_new_tokens: int | None = None  # this request's token budget, at most the settings' (None: theirs)
 
     @property
     def n(self) -> int:
         return len(self.seeds)
+
+    def budget(self, settings: SamplingSettings) -> int:
+        """New tokens this request's samples may take."""
+        return settings.max_new_tokens if self.max_new_tokens is None else min(self.max_new_tokens,
+                                                                               settings.max_new_tokens)
 
 
 def split_by_request(requests: Sequence[SampleRequest], flat: list) -> list[list]:
@@ -53,11 +74,12 @@ def split_by_request(requests: Sequence[SampleRequest], flat: list) -> list[list
 @dataclass
 class Sample:
     token_ids: list[int]  # the response, its stop token included when it stopped
-    stopped: bool  # ended on a stop id (False: cut at max_new_tokens)
+    stopped: bool  # ended on a stop id (False: cut at max_new_tokens, or paused)
     logprobs: list[float] | None = field(default=None)  # the sampler's log-prob of each token, where it has them
     lens: Any = field(default=None)  # torch.Tensor [tokens, len(layers)] of settings.lens, where recorded
     policy_version: int | None = field(default=None)  # the policy version that sampled it (engines apart: pipeline.py)
     source: str | None = field(default=None)  # who sampled it (a server, a worker): named if refused (rollout_check)
+    paused: bool = field(default=False)  # ended after one of settings.stop_strings: not finished, the turn loop goes on
 
 
 class RolloutEngine(Protocol):

@@ -40,6 +40,7 @@ from meds_cli.engine.rollout.batch import draw_seeds, sample_requests, sample_ro
 from meds_cli.engine.rollout.in_flight import read_in_flight, save_in_flight, trained_shapes
 from meds_cli.engine.rollout.pipeline import RolloutPipeline, staleness
 from meds_cli.engine.rollout.sampling_engine import SamplingSettings
+from meds_cli.engine.rollout.tool_turns import turn_settings
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class RolloutSource:
         in_flight = read_in_flight(checkpoint, self.plan.rank, step=step, trained=trained_shapes(model),
                                    vocab_size=model.get_input_embeddings().num_embeddings,
                                    planned=lambda at: self.planned_requests(at, step + 1))
-        self.pipeline.resubmit(*(in_flight or ([], None)), self.plan.settings)
+        self.pipeline.resubmit(*(in_flight or ([], None)), turn_settings(self.plan.settings))
 
     # ------------------------------------------------------------ internals
 
@@ -190,7 +191,9 @@ class RolloutSource:
         submitted = pipeline.prefetched_steps()
         for planned in range(first, min(first + count, self.plan.steps + 1)):
             if planned not in submitted:
-                pipeline.prefetch(self.planned_requests(planned, sampler_at), self.plan.settings, planned)
+                # what the step's first engine call asks (with tools: its first turn, tool_turns.py)
+                pipeline.prefetch(self.planned_requests(planned, sampler_at), turn_settings(self.plan.settings),
+                                  planned)
 
 
 def staleness_metrics(sampled, version: int) -> dict[str, float]:

@@ -323,7 +323,7 @@ class VLLMEngine:
 
     def generate(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[Sample]]:
         self._bring_up_to_date()
-        mine = [(r.prompt_ids, seed) for r in requests for seed in r.seeds]
+        mine = [(r.prompt_ids, seed, r.budget(settings)) for r in requests for seed in r.seeds]
         everyone, index = self._share_with_tp_group(mine)
         flat = self._generate_flat([item for part in everyone for item in part], settings)
         start = sum(len(part) for part in everyone[:index])
@@ -420,18 +420,22 @@ class VLLMEngine:
         samples come back in the items' order: one per item with its seed, or one per run of
         consecutive items with the same prompt (a request's group) with no seed of its own."""
         if self.per_sample_seeds:
-            return [(ids, 1, int(seed)) for ids, seed in items]
-        return [(ids, len(list(run)), None) for ids, run in groupby(items, key=itemgetter(0))]
+            return [(ids, 1, int(seed), budget) for ids, seed, budget in items]
+        return [(ids, len(list(run)), None, budget) for (ids, budget), run in groupby(items, key=itemgetter(0, 2))]
 
     def _generate_wave(self, items: list[tuple[tuple[int, ...], int]], settings: SamplingSettings) -> list[Sample]:
         api = self.api
         requests = self._vllm_requests(items)
-        prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in requests]
+        prompts = [api.TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _, _ in requests]
+        # a tool turn pauses at its stop strings, kept in the output (vLLM needs the text to find them)
+        strings = {}
+        if settings.stop_strings:
+            strings = {"stop": list(settings.stop_strings), "include_stop_str_in_output": True}
         params = [api.SamplingParams(n=n, temperature=settings.temperature, top_p=settings.top_p,
-                                     max_tokens=settings.max_new_tokens, min_tokens=settings.min_new_tokens,
+                                     max_tokens=budget, min_tokens=settings.min_new_tokens,
                                      stop_token_ids=list(settings.stop_ids), ignore_eos=True, seed=seed,
-                                     logprobs=0, detokenize=False)
-                  for _, n, seed in requests]
+                                     logprobs=0, detokenize=bool(strings), **strings)
+                  for _, n, seed, budget in requests]
         outputs = self.llm.generate(prompts, params, lora_request=self.lora_request, use_tqdm=False)
         samples = []
         for completion in (c for output in outputs for c in sorted(output.outputs, key=lambda c: c.index)):
@@ -439,5 +443,8 @@ class VLLMEngine:
             logprobs = None
             if completion.logprobs is not None:
                 logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)]
-            samples.append(Sample(tokens, completion.finish_reason == "stop", logprobs))
+            # vLLM names what ended a "stop": the stop id (an int) or the stop string (a tool turn's pause)
+            at_stop = completion.finish_reason == "stop"
+            paused_at = isinstance(getattr(completion, "stop_reason", None), str)
+            samples.append(Sample(tokens, at_stop and not paused_at, logprobs, paused=at_stop and paused_at))
         return samples

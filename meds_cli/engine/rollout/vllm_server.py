@@ -293,12 +293,17 @@ def _error_text(text: str) -> str:
     return " ".join(str(message).split())[:300]
 
 
-def completion_body(prompt_ids: Sequence[int], seed: int, settings: SamplingSettings, model: str | None) -> dict:
-    """One sample's /v1/completions request (the module docstring)."""
+def completion_body(prompt_ids: Sequence[int], seed: int, settings: SamplingSettings, model: str | None,
+                    max_tokens: int | None = None) -> dict:
+    """One sample's /v1/completions request (the module docstring); `max_tokens`: the request's own
+    budget (a tool turn's), else the settings'. Stop strings (tool turns) are kept in the output."""
     body = {"prompt": list(prompt_ids), "n": 1, "seed": int(seed), "temperature": settings.temperature,
-            "top_p": settings.top_p, "max_tokens": settings.max_new_tokens, "min_tokens": settings.min_new_tokens,
+            "top_p": settings.top_p, "max_tokens": settings.max_new_tokens if max_tokens is None else max_tokens,
+            "min_tokens": settings.min_new_tokens,
             "stop_token_ids": list(settings.stop_ids), "ignore_eos": True, "logprobs": 0,
             "return_token_ids": True, "skip_special_tokens": False}
+    if settings.stop_strings:
+        body.update(stop=list(settings.stop_strings), include_stop_str_in_output=True)
     if model is not None:
         body["model"] = model
     return body
@@ -326,7 +331,9 @@ def sample_of(answer) -> Sample:
                                                    for v in values):
             raise AnswerError("logprobs without a list of numbers in token_logprobs")
         logprobs = [float(v) for v in values]
-    return Sample(tokens, choice.get("finish_reason") == "stop", logprobs)
+    # vLLM names what ended a "stop": the stop id (an int) or the stop string (a str: a tool turn's pause)
+    at_stop, paused_at = choice.get("finish_reason") == "stop", isinstance(choice.get("stop_reason"), str)
+    return Sample(tokens, at_stop and not paused_at, logprobs, paused=at_stop and paused_at)
 
 
 # ---------------------------------------------------------------- a server meds starts
@@ -582,8 +589,8 @@ class VLLMServerEngine:
             self.times[ticket] = [started, None]
         limits = Limits.of(settings, self.vocab_size) if self.vocab_size is not None else None
         asks = [self.requests.submit(self._sample, self.urls[next(self.turns) % len(self.urls)],
-                                     completion_body(r.prompt_ids, seed, settings, adapter),
-                                     describe_request(r, seed), limits)
+                                     completion_body(r.prompt_ids, seed, settings, adapter, r.budget(settings)),
+                                     describe_request(r, seed), limits and limits.of_request(r, settings))
                 for r in requests for seed in r.seeds]
         flat = [ask.result() for ask in asks]
         ended = time.monotonic()

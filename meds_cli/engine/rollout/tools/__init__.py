@@ -11,5 +11,5 @@ engine samples on. Observations are context, not policy: the loss mask is 0 on t
   turn_loop.py       `sample_with_tools`, the token layout (ids, loss mask, model positions), stats
 
 Part of the rollout room; imports the sandbox (benchmarks) and the core only. The engines are
-wired to it next (docs/tools.md).
+driven through it by engine/rollout/tool_turns.py (docs/tools.md, "The engines").
 """

@@ -6,7 +6,7 @@ are rollout.tools, rollout.max_tool_calls, ... (docs/tools.md, "Settings")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from meds_cli.core.fields import at_least, doc, greater_than, require
 
@@ -42,3 +42,9 @@ class ToolSettings:
                 f"{prefix}code_tags must differ (the closing tag ends the block), got {self.code_tags}")
         require("```" not in "".join(self.code_tags),
                 f"{prefix}code_tags must not contain ``` (fences are the ```python format), got {self.code_tags}")
+
+
+def tool_settings_of(section) -> ToolSettings:
+    """The tool settings of a section that inherits them (the rollout section), as a ToolSettings
+    of their own: what the sampling settings carry, without the rest of the section."""
+    return ToolSettings(**{f.name: getattr(section, f.name) for f in fields(ToolSettings)})

@@ -37,11 +37,27 @@ class Turn:
     token_ids: list[int]
     logprobs: list[float] | None = None
     finished: bool = True
+    policy_version: int | None = None  # the policy version that sampled it, where the engine says (engines apart)
 
 
-# generate_turn(contexts, max_new_tokens, stop): continue each context (prompt + response so far)
-# by at most max_new_tokens[i] tokens, pausing after any string of `stop` (none when empty).
-GenerateTurn = Callable[[list[list[int]], list[int], list[str]], Sequence[Turn]]
+# generate_turn(contexts, max_new_tokens, stop, seeds): continue each context (prompt + response so
+# far) by at most max_new_tokens[i] tokens, pausing after any string of `stop` (none when empty),
+# drawing from seeds[i] (turn_seed: the response's seed and the turn's index).
+GenerateTurn = Callable[[list[list[int]], list[int], list[str], list[int]], Sequence[Turn]]
+
+SEED_MASK = 2**62 - 1  # turn seeds stay below sampling_engine.SEED_LIMIT (2**62)
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of a response's `turn`-th engine call: its own seed for the first (so the first
+    turn draws what the response draws without tools), then a splitmix64 mix of (seed, turn): the
+    same (prompt, seed) gives the same response however requests are grouped or ordered."""
+    if turn == 0:
+        return seed
+    z = (seed + turn * 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) & SEED_MASK
 
 
 @dataclass(frozen=True)
@@ -119,6 +135,8 @@ class ToolResponse:
     # The engine ended the last turn (EOS or the token budget), rather than the loop after an
     # observation that filled the budget.
     finished: bool = False
+    turns: int = 0  # engine calls so far
+    policy_version: int | None = None  # the oldest policy version among its turns, where the engine says
 
     @property
     def length(self) -> int:
@@ -138,6 +156,10 @@ class ToolResponse:
         return last.token_ids if last is not None and last.from_model else []
 
     def add_model(self, turn: Turn) -> None:
+        self.turns += 1
+        if turn.policy_version is not None:
+            versions = [v for v in (self.policy_version, turn.policy_version) if v is not None]
+            self.policy_version = min(versions)
         logprobs = None if turn.logprobs is None else list(turn.logprobs)
         last = self.segments[-1] if self.segments else None
         if last is not None and last.from_model:  # a pause that was no block: the same model segment goes on
@@ -174,8 +196,10 @@ class ToolRuntime:
 
 
 def sample_with_tools(generate_turn: GenerateTurn, prompts: Sequence[list[int]], runtime: ToolRuntime,
-                      limits: TurnLimits) -> list[ToolResponse]:
-    """Sample one response per prompt (token ids), running its code blocks as they close."""
+                      limits: TurnLimits, seeds: Sequence[int] | None = None) -> list[ToolResponse]:
+    """Sample one response per prompt (token ids), running its code blocks as they close; `seeds`:
+    one per response (None: 0, 1, ...), each turn drawn from turn_seed(seed, turn)."""
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     responses = [ToolResponse() for _ in prompts]
     sessions = [runtime.new_session() for _ in prompts]
     tools_open = [True] * len(prompts)  # closed once a block past the call limit got its note
@@ -188,7 +212,8 @@ def sample_with_tools(generate_turn: GenerateTurn, prompts: Sequence[list[int]],
                 continue
             contexts = [list(prompts[i]) + responses[i].layout()[0] for i in group]
             budgets = [limits.max_new_tokens - responses[i].length for i in group]
-            turns = generate_turn(contexts, budgets, runtime.stop_strings if with_tools else [])
+            turns = generate_turn(contexts, budgets, runtime.stop_strings if with_tools else [],
+                                  [turn_seed(seeds[i], responses[i].turns) for i in group])
             for i, turn in zip(group, turns, strict=True):
                 responses[i].add_model(turn)
                 responses[i].finished = turn.finished
