@@ -16,6 +16,7 @@ from meds_cli.commands import eval as eval_command
 from meds_cli.engine.rollout.tools.turn_loop import ToolRuntime, TurnLimits, sample_with_tools
 from tests import test_eval_cli
 from tests.cli_errors import one_error_line
+from tests.conftest import needs_embedded
 from tests.scripted_tool_engine import CharTokenizer, ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,13 +194,32 @@ def test_the_tir_config_samples_with_tools_and_qwens_tir_prompt():
     assert "not downloaded" in result.output and "warning:" not in result.output
 
 
-def test_the_real_backends_refuse_tools_until_the_engines_sample_with_them(tmp_path, data_dir):
-    """Interim (issue 56): the engines' tool path is not merged on this branch, so an eval with tools
-    is refused in one line rather than sampled without them. Replaced by an end-to-end eval on the
-    embedded SmolLM2 once batch.py samples with tools."""
-    result = invoke(*eval_args(data_dir, tmp_path / "out", "--model", "tiny-llama", "--tools", "python",
-                               "--limit", "1"))
-    line = result.output.strip().splitlines()[-1]
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert line.startswith("error:") and "--tools none" in line and "do not sample with tools yet" in line
-    assert not (tmp_path / "out" / "samples.jsonl").exists()
+def test_the_hf_backend_samples_with_tools_end_to_end(tmp_path, data_dir):
+    """The real path: the tiny model through the hf engine, turn by turn (tool_turns.py). It writes no
+    code, so no block runs; every response still carries its tool stats and the report its columns."""
+    out = tmp_path / "out"
+    result = invoke(*eval_args(data_dir, out, "--model", "tiny-llama", "--tools", "python", "--limit", "2",
+                               "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "1.0"))
+    assert result.exit_code == 0, result.output
+    scores = json.loads((out / "results.json").read_text())["benchmarks"]["math500"]
+    assert scores["tools"]["calls_per_response"] == 0.0 and scores["tools"]["used_share"] == 0.0
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["tools"]["calls"] == 0 and 1 <= r["length"] <= 12 for r in rows)
+    assert "tool calls" in result.output
+
+
+@pytest.mark.slow
+@needs_embedded
+@pytest.mark.skipif(not (test_eval_cli.DATA / "math500").is_dir(), reason="no shared benchmark data")
+def test_embedded_model_evaluates_with_tools(tmp_path):
+    out = tmp_path / "smol"
+    result = invoke("eval", "--model", "smollm2-135m", "--benchmarks", "math500", "--data-dir", test_eval_cli.DATA,
+                    "--limit", "2", "--k", "2", "--max-new-tokens", "128", "--prompt", "chat", "--tools", "python",
+                    "--output", out, "-q")
+    assert result.exit_code == 0, result.output
+    scores = json.loads((out / "results.json").read_text())["benchmarks"]["math500"]
+    assert scores["problems"] == 2 and scores["n"] == 2 and set(scores["pass@k"]) == {"1", "2"}
+    assert set(scores["tools"]) == {"calls_per_response", "used_share", "errors_per_response",
+                                    "timeouts_per_response", "observation_tokens_per_response"}
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all("tools" in r and r["length"] <= 128 for r in rows)
