@@ -31,7 +31,7 @@ from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import canonical_model_name, check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
 from meds_cli.engine.rollout.eval_backends import ModelSpec
-from meds_cli.engine.rollout.tools.settings import TOOLS, ToolSettings
+from meds_cli.engine.rollout.tools.settings import TOOLS, ToolSettings, tool_settings_of
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.run_lock import FolderLock
 
@@ -196,12 +196,7 @@ def eval_tools(settings: EvalSettings, run_rollout: ToolSettings | None) -> tupl
         settings.tools, settings.max_tool_calls, settings.tool_output_tokens = [], None, None
         settings.code_tags, settings.tool_time_limit_s = None, None
         return None, ""
-    base = run_rollout if trained else ToolSettings()
-    chosen = ToolSettings(tools=list(tools), max_tool_calls=base.max_tool_calls,
-                          tool_output_tokens=base.tool_output_tokens, code_tags=list(base.code_tags),
-                          tool_time_limit_s=float(base.tool_time_limit_s))
-    for key, value in limits.items():
-        setattr(chosen, key, value)
+    chosen = replace(tool_settings_of(run_rollout) if trained else ToolSettings(), tools=list(tools), **limits)
     settings.tools, settings.max_tool_calls, settings.tool_output_tokens = (
         chosen.tools, chosen.max_tool_calls, chosen.tool_output_tokens)
     settings.code_tags, settings.tool_time_limit_s = chosen.code_tags, chosen.tool_time_limit_s
