@@ -21,6 +21,9 @@ class GenerationSettings:
     # rows per batch of the hf engine's decode loop, None: as many as fit in memory
     # (engine/rollout/decode_rows.py); vLLM schedules its own batches
     batch_size: int | None
+    # the tools a response may call and their limits (the rollout.tools settings: ToolSettings of
+    # engine/rollout/tools/settings.py, docs/tools.md); None: sampled without tools
+    tools: object | None = None
 
 
 @dataclass(frozen=True)

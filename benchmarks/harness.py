@@ -44,9 +44,10 @@ SAMPLES_FILE = "samples.jsonl"
 STATE_FILE = "eval_state.json"
 # Settings that change what a sample is; any other setting (n, k, limit, benchmarks) may change on resume.
 SAMPLE_SHAPING = ("model", "backend", "prompt", "system_prompt", "chat_template_kwargs", "temperature", "top_p",
-                  "max_new_tokens", "seed")
-# What a state file written before a setting existed means by its absence.
-_SHAPING_DEFAULTS = {"system_prompt": "", "chat_template_kwargs": {}}
+                  "max_new_tokens", "seed", "tools", "max_tool_calls", "tool_output_tokens", "code_tags",
+                  "tool_time_limit_s")
+# What a state file written before a setting existed means by its absence (no tools: their limits unset).
+_SHAPING_DEFAULTS = {"system_prompt": "", "chat_template_kwargs": {}, "tools": []}
 SHORT_RESPONSE_TOKENS = 2  # a response this short is almost never an answer to a benchmark problem
 CI_RESAMPLES = 2000  # enough for a 95% interval to two decimals; 8 ks x 500 problems stay well under a second
 _MAX_PENDING_GRADING = 4  # problems generated but not yet graded; bounds memory if grading lags
@@ -69,6 +70,14 @@ class EvalSettings:
     batch_size: int | None = None  # rows per hf decode batch; None: as many as fit in memory
     backend: str = "hf"
     model: str = ""  # label of the model (and checkpoint) being evaluated
+    # Tool-integrated reasoning (docs/tools.md): the tools a response may call ([]: none; None until
+    # `meds eval` decides: a run trained with tools keeps its rollout.tools) and, with tools, their
+    # limits (the rollout.* fields of the same names); None without tools.
+    tools: list[str] | None = None
+    max_tool_calls: int | None = None
+    tool_output_tokens: int | None = None
+    code_tags: list[str] | None = None
+    tool_time_limit_s: float | None = None
 
     @property
     def samples(self) -> int:
@@ -91,6 +100,10 @@ class EvalSettings:
             (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
             (self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (bool(self.benchmarks), "--benchmarks is empty; give names such as aime24,math500 (see `meds list`)"),
+            (self.max_tool_calls is None or self.max_tool_calls >= 1,
+             f"--max-tool-calls must be >= 1, got {self.max_tool_calls}"),
+            (self.tool_output_tokens is None or self.tool_output_tokens >= 1,
+             f"--tool-output-tokens must be >= 1, got {self.tool_output_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -185,6 +198,7 @@ def check_state(folder: Path, settings: EvalSettings) -> None:
     Path(folder).mkdir(parents=True, exist_ok=True)
     path = Path(folder) / STATE_FILE
     mine = {key: getattr(settings, key) for key in SAMPLE_SHAPING}
+    mine["tools"] = list(settings.tools or [])  # None (left to `meds eval`, which did not run): no tools
     if path.is_file() and (Path(folder) / SAMPLES_FILE).is_file():
         theirs = json.loads(path.read_text())
         for key in SAMPLE_SHAPING:

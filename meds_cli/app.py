@@ -218,6 +218,14 @@ def eval_cmd(
         help="Generation backend: auto (vllm when installed and a GPU is present), hf, vllm.")] = "auto",
     dtype: Annotated[Optional[str], typer.Option(
         help="Weight dtype (default: the run's, else bfloat16 on GPU, float32 on CPU).")] = None,
+    tools: Annotated[Optional[str], typer.Option(
+        help="Tools a response may call mid-answer: python (its ```python blocks run in the sandbox, their output "
+             "goes back as an ```output block; docs/tools.md) or none. Default: a run's own rollout.tools, else "
+             "none.")] = None,
+    max_tool_calls: Annotated[Optional[int], typer.Option(
+        help="With tools: code blocks run per response (default: the run's rollout.max_tool_calls, else 4).")] = None,
+    tool_output_tokens: Annotated[Optional[int], typer.Option(
+        help="With tools: tokens of a block's output the model reads back (default: the run's, else 512).")] = None,
     output: Annotated[Optional[Path], typer.Option(
         help="Output folder (default RUN_DIR/eval/step_N, or runs/eval-<time>-<model>); an existing one is "
              "resumed.")] = None,
@@ -235,7 +243,8 @@ def eval_cmd(
         raise UserError(f"give one run folder, got {len(targets)}; to compare evals add --compare")
     settings = settings_from_options(benchmarks, k=k, n=n, limit=limit, data_dir=data_dir, prompt=prompt,
                                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                     seed=seed, batch_size=batch_size, backend=backend)
+                                     seed=seed, batch_size=batch_size, backend=backend, tools=tools,
+                                     max_tool_calls=max_tool_calls, tool_output_tokens=tool_output_tokens)
     run_eval(run_dir=targets[0] if targets else None, model=model, step=step, settings=settings,
              output=output, dtype=dtype, quiet=quiet)
 

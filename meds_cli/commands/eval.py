@@ -31,6 +31,7 @@ from meds_cli.engine.config import load_config
 from meds_cli.engine.model_io.model import canonical_model_name, check_dtype, has_chat_template, precheck_model
 from meds_cli.engine.rollout.engines import make_backend, resolve_backend
 from meds_cli.engine.rollout.eval_backends import ModelSpec
+from meds_cli.engine.rollout.tools.settings import TOOLS, ToolSettings, tool_settings_of
 from meds_cli.engine.run_folders import run_dir as runs
 from meds_cli.engine.run_folders.run_lock import FolderLock
 
@@ -121,14 +122,35 @@ def results_document(spec: ModelSpec, settings: EvalSettings, outcome, backend: 
     }
 
 
-def settings_from_options(benchmarks: str | None, *, data_dir: Path | None, **options) -> EvalSettings:
-    """EvalSettings from the command line's options (benchmarks as a comma-separated list).
-    Benchmarks and max_new_tokens left out (None) stay None until run_eval knows what is
-    evaluated (run_defaults); everything else is checked here."""
+NO_TOOLS = "none"  # --tools none: sample without tools, also for a run trained with them
+
+
+def parse_tools(value: str | None) -> list[str] | None:
+    """--tools as a list: None (left out: a run's own rollout.tools, else none), [] for 'none',
+    else the comma-separated tools, each one of engine/rollout/tools/settings.py TOOLS."""
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    accepted = f"accepted: {NO_TOOLS}, {', '.join(TOOLS)}"
+    if names == [NO_TOOLS]:
+        return []
+    if not names:
+        raise UserError(f"--tools is empty; {accepted}")
+    for name in names:
+        if name not in TOOLS:
+            raise UserError(f"--tools has '{name}', not a tool a response can call; {accepted}")
+    return list(dict.fromkeys(names))
+
+
+def settings_from_options(benchmarks: str | None, *, data_dir: Path | None, tools: str | None = None,
+                          **options) -> EvalSettings:
+    """EvalSettings from the command line's options (benchmarks and tools as comma-separated
+    lists). Benchmarks, max_new_tokens and tools left out (None) stay None until run_eval knows
+    what is evaluated (run_defaults, eval_tools); everything else is checked here."""
     names = None if benchmarks is None else [name.strip() for name in benchmarks.split(",") if name.strip()]
     if data_dir is not None and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir '{data_dir}' is not a folder; it must hold <benchmark>/test.jsonl files")
-    settings = EvalSettings(names, data_dir=str(data_dir) if data_dir else None, **options)
+    settings = EvalSettings(names, data_dir=str(data_dir) if data_dir else None, tools=parse_tools(tools), **options)
     length = MODEL_MAX_NEW_TOKENS if settings.max_new_tokens is None else settings.max_new_tokens
     replace(settings, benchmarks=[MODEL_DEFAULT_BENCHMARK] if names is None else names,
             max_new_tokens=length).validate()
@@ -155,6 +177,37 @@ def run_defaults(task_name: str | None, run_max_new_tokens: int | None, benchmar
         elif own_length:
             why += ", the run's rollout.max_new_tokens"
     return benchmarks, max_new_tokens, why
+
+
+def eval_tools(settings: EvalSettings, run_rollout: ToolSettings | None) -> tuple[ToolSettings | None, str]:
+    """(the tool settings the eval samples with, None for none; why) from --tools, --max-tool-calls
+    and --tool-output-tokens over the run's rollout section: a run trained with tools is evaluated
+    with them unless --tools none; a run's code tags, time limit and call limits are kept, the
+    options override the limits. Sets settings' tool fields to what was chosen (unset without tools)."""
+    trained = run_rollout is not None and run_rollout.enabled
+    asked = settings.tools is not None
+    tools = settings.tools if asked else (list(run_rollout.tools) if trained else [])
+    limits = {key: value for key in ("max_tool_calls", "tool_output_tokens")
+              if (value := getattr(settings, key)) is not None}
+    if not tools:
+        if limits:
+            option = "--" + next(iter(limits)).replace("_", "-")
+            raise UserError(f"{option} limits tool calls, but this eval samples without tools; add --tools python")
+        settings.tools, settings.max_tool_calls, settings.tool_output_tokens = [], None, None
+        settings.code_tags, settings.tool_time_limit_s = None, None
+        return None, ""
+    chosen = replace(tool_settings_of(run_rollout) if trained else ToolSettings(), tools=list(tools), **limits)
+    settings.tools, settings.max_tool_calls, settings.tool_output_tokens = (
+        chosen.tools, chosen.max_tool_calls, chosen.tool_output_tokens)
+    settings.code_tags, settings.tool_time_limit_s = chosen.code_tags, chosen.tool_time_limit_s
+    why = "--tools" if asked else "the run was trained with them; --tools none evaluates without"
+    return chosen, why
+
+
+def tools_line(tools: ToolSettings, why: str) -> str:
+    """The one line an eval with tools says of them."""
+    return (f"tools: {', '.join(tools.tools)} ({why}); at most {tools.max_tool_calls} code runs a response, "
+            f"outputs cut at {tools.tool_output_tokens} tokens, {tools.tool_time_limit_s:g} s a run")
 
 
 def heldout_suite(cfg, limit: int | None):
@@ -271,8 +324,12 @@ def run_eval(*, run_dir: Path | None, model: str | None, step: int | None, setti
     settings.benchmarks = [benchmark.name for benchmark, _ in suites]  # heldout -> heldout-<task>
     load_s = time.perf_counter() - t0
     folder = Path(output) if output else default_output(run_dir, spec)
-    generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size)
+    tools, tools_why = eval_tools(settings, run_cfg.rollout if run_cfg is not None else None)
+    generation = GenerationSettings(settings.temperature, settings.top_p, settings.max_new_tokens, settings.batch_size,
+                                    tools)
     check_state(folder, settings)  # refuse mismatched samples before the model takes its time to load
+    if tools is not None:
+        console.print(tools_line(tools, tools_why), markup=False, highlight=False, soft_wrap=True)
     library_warnings.log_to(folder)  # written once the eval has made the folder
     with console.status(f"loading {plain(spec.label)} ({plain(backend_name)}) ..."):
         backend = make_backend(backend_name, spec, generation)

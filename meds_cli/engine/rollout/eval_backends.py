@@ -32,6 +32,8 @@ from meds_cli.engine.rollout.batch import decode_responses, sample_requests
 from meds_cli.engine.rollout.decode_rows import decode_rows
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
+from meds_cli.engine.rollout.tool_turns import sample_tool_responses
+from meds_cli.engine.rollout.tools.turn_loop import ToolResponse
 from meds_cli.engine.rollout.vllm_engine import VLLMConfig, VLLMEngine, check_vllm_settings
 from meds_cli.engine.run_folders.state_codec import read_tensors
 
@@ -126,13 +128,34 @@ def sample_seeds(seed: int, n: int) -> tuple[int, ...]:
 
 def generate_with(engine: RolloutEngine, tokenizer, requests: list[Request],
                   settings: GenerationSettings) -> list[Generated]:
-    """The harness's requests through a rollout engine."""
+    """The harness's requests through a rollout engine; with tools (settings.tools), turn by turn
+    as training samples them (tool_turns.py), code blocks run between turns."""
     stops = stop_token_ids(tokenizer)
-    sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops)
-    out = engine.generate(sample_requests(tokenizer, [r.prompt for r in requests],
-                                          [sample_seeds(r.seed, r.n) for r in requests]), sampling)
+    sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, stops,
+                                tools=settings.tools)
+    asked = sample_requests(tokenizer, [r.prompt for r in requests], [sample_seeds(r.seed, r.n) for r in requests])
+    if sampling.tools is not None:
+        responses = sample_tool_responses(engine, tokenizer, asked, sampling, len(tokenizer))
+        return [generated_with_tools(tokenizer, group, stops) for group in responses]
+    out = engine.generate(asked, sampling)
     return [Generated(decode_responses(tokenizer, samples, stops), [len(s.token_ids) for s in samples],
                       [not s.stopped for s in samples]) for samples in out]
+
+
+def generated_with_tools(tokenizer, responses: list[ToolResponse], stop_ids) -> Generated:
+    """One request's responses sampled with tools, as the harness reads them: the whole text with
+    its observation spans (graded without them), the model's tokens as the length, truncated
+    unless the model ended on a stop id, and each response's tool stats."""
+    stop = set(stop_ids)
+
+    def text_of(ids: list[int]) -> str:  # as decode_responses decodes a response without tools
+        return tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+
+    texts = [response.text(text_of) for response in responses]
+    ended = [bool(r.segments) and r.segments[-1].from_model and r.finished and r.segments[-1].token_ids[-1:] != []
+             and r.segments[-1].token_ids[-1] in stop for r in responses]
+    return Generated([text for text, _ in texts], [sum(r.layout()[1]) for r in responses], [not e for e in ended],
+                     [spans for _, spans in texts], [r.stats for r in responses])
 
 
 class HFBackend:
@@ -142,7 +165,7 @@ class HFBackend:
 
     def __init__(self, model, tokenizer, settings: GenerationSettings):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        self.engine = HFEngine(model, tokenizer.pad_token_id, settings.batch_size or 1)
+        self.engine = HFEngine(model, tokenizer.pad_token_id, settings.batch_size or 1, tokenizer=tokenizer)
 
     def call_sizes(self, requests: list[Request]) -> list[int]:
         """Consecutive requests whose samples fill one decode batch; sets the batch's rows (the

@@ -1,6 +1,7 @@
 """The quick eval during training (`eval.every`): accuracy on the task's held-out problems,
 each process sampling its share, the counts summed over processes so that every process returns
-the same numbers. One response per problem, greedy unless `eval.temperature` says otherwise."""
+the same numbers. One response per problem, greedy unless `eval.temperature` says otherwise; graded on the text the
+model wrote (observations of tool calls left out, docs/tools.md), as in training."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def held_out_accuracy(engine, tokenizer, task, cfg, rank: int, world: int, gathe
     # FSDP2, and so may the engine's call be (vLLM's tensor-parallel pooling).
     with gathered:
         batch = sample_rollouts(engine, tokenizer, prompts, problems, 1, settings)
-    if problems:
-        correct = sum(v.correct for v in task.grade(list(zip(problems, batch.response_texts))))
+    if problems:  # the model's text without tool output: a \boxed{} a tool printed is not its answer
+        correct = sum(v.correct for v in task.grade(list(zip(problems, batch.answer_texts))))
     total = global_sum(len(problems))
     if total == 0:
         return {}
