@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -50,7 +51,8 @@ def draw_seeds(prompts: int, group_size: int, generator: torch.Generator | None 
 
 def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
                     settings: SamplingSettings, *, vocab_size: int | None = None,
-                    seeds: list[list[int]] | None = None) -> Rollouts:
+                    seeds: list[list[int]] | None = None,
+                    any_process: Callable[[bool], bool] | None = None) -> Rollouts:
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
     token ids (the chat template already holds any BOS); each sample's seed is one of `seeds` (the
     rollout source's, drawn from a generator of the step: source.py), else drawn from torch's
@@ -58,12 +60,16 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
     No prompts: the engine is still called (its call may be collective, as vLLM's tensor-parallel
     pooling is) and the batch is empty. What the engine returns is checked before anything else
     reads it (rollout_check.py); `vocab_size`: the ids the policy can score (its embedding rows,
-    which may pad the tokenizer's vocabulary; None: the tokenizer's)."""
+    which may pad the tokenizer's vocabulary; None: the tokenizer's). `any_process`: True on
+    every training process when True on one (Collectives.any; None: this process alone): with
+    tools, each process then makes as many engine calls as the others, in the same order, whatever
+    number of turns its own responses take (tools/turn_loop.py)."""
     seeds = draw_seeds(len(prompts), group_size) if seeds is None else seeds
     requests = sample_requests(tokenizer, prompts, seeds)
     vocab_size = len(tokenizer) if vocab_size is None else vocab_size
     if settings.tools is not None:  # turn by turn, code blocks run between turns (tool_turns.py)
-        responses = sample_tool_responses(engine, tokenizer, requests, settings, vocab_size)
+        responses = sample_tool_responses(engine, tokenizer, requests, settings, vocab_size,
+                                          any_process=any_process)
         return rollouts_from_tool_responses(tokenizer, [r.prompt_ids for r in requests], responses, problems,
                                             group_size, settings.stop_ids)
     samples = engine.generate(requests, settings)

@@ -10,6 +10,13 @@ The result keeps each response's turns apart: model segments (trained on) and ob
 segments (context only). `response_layout` turns them into the token ids, the loss mask (1 on
 model tokens, 0 on observation tokens) and the positions of the model tokens, where the sampler's
 log-probs belong; verl's tool agent loop returns the same (its response_mask).
+
+Several training processes each run the loop on their own responses, which may need different
+numbers of turns, while an engine call may be collective (a pipeline's agreement on failures,
+vLLM's tensor-parallel pooling). With `any_process` (True on every process when True on one) every
+process makes the same engine calls in the same order: a round runs while any process has a live
+response, and each of its two calls (with stop strings, then without) is made, with no contexts
+where a process has none, whenever any process has some.
 """
 
 from __future__ import annotations
@@ -196,19 +203,22 @@ class ToolRuntime:
 
 
 def sample_with_tools(generate_turn: GenerateTurn, prompts: Sequence[list[int]], runtime: ToolRuntime,
-                      limits: TurnLimits, seeds: Sequence[int] | None = None) -> list[ToolResponse]:
+                      limits: TurnLimits, seeds: Sequence[int] | None = None,
+                      any_process: Callable[[bool], bool] | None = None) -> list[ToolResponse]:
     """Sample one response per prompt (token ids), running its code blocks as they close; `seeds`:
-    one per response (None: 0, 1, ...), each turn drawn from turn_seed(seed, turn)."""
+    one per response (None: 0, 1, ...), each turn drawn from turn_seed(seed, turn); `any_process`:
+    the training processes' agreement (the module docstring; None: this process alone)."""
+    any_process = any_process or (lambda flag: flag)
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     responses = [ToolResponse() for _ in prompts]
     sessions = [runtime.new_session() for _ in prompts]
     tools_open = [True] * len(prompts)  # closed once a block past the call limit got its note
     live = list(range(len(prompts)))
-    while live:
+    while any_process(bool(live)):
         # One engine call per set of stop strings: responses whose tools are closed run to the end.
         for with_tools in (True, False):
             group = [i for i in live if tools_open[i] == with_tools]
-            if not group:
+            if not any_process(bool(group)):
                 continue
             contexts = [list(prompts[i]) + responses[i].layout()[0] for i in group]
             budgets = [limits.max_new_tokens - responses[i].length for i in group]
