@@ -227,6 +227,28 @@ def test_two_steps_of_smollm2_with_tools(tmp_path, engine):
     assert samples and all("tools" in s for s in samples)
 
 
+
+@needs_embedded
+@pytest.mark.slow
+def test_two_steps_of_smollm2_with_tools_through_the_fake_vllm_server(tmp_path):
+    """The vllm-server engine's tool turns against the fake server, which honours the stop strings
+    with SmolLM2's tokenizer (its rule writes '=' and '.' among its first 53 ids)."""
+    from meds_cli.engine.model_io.model import load_tokenizer, resolve_model
+    from tests.fake_vllm_server import FakeVLLMServer
+
+    fake = FakeVLLMServer(decode=load_tokenizer(resolve_model("smollm2-135m")).decode).start()
+    try:
+        rows, samples, metrics = two_tool_steps(tmp_path, "rollout.engine=vllm-server",
+                                                f"rollout.server.url={fake.url}")
+    finally:
+        fake.stop()
+    assert [row["step"] for row in rows] == [1, 2]
+    assert sum(m["tools/calls_mean"] for m in metrics if "tools/calls_mean" in m) > 0
+    assert all(body["stop"][-1] == "." and body["include_stop_str_in_output"] for body in fake.completions
+               if "stop" in body)
+    assert any(body["max_tokens"] < 48 for body in fake.completions)  # a later turn's own budget
+    assert samples and all("tools" in s for s in samples)
+
 # ------------------------------------------------------------------ every algorithm trains with tools
 
 # On the tiny model's characters: "=" opens a block and "." closes it (code_tags), so the first turn
