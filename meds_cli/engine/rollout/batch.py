@@ -101,26 +101,31 @@ def decode_responses(tokenizer, samples: list[Sample], stop_ids) -> list[str]:
                                   skip_special_tokens=True)
 
 
+def segment_decoder(tokenizer, stop_ids) -> Callable[[list[int]], str]:
+    """The text of a run of token ids as decode_responses decodes a response: stop tokens left out,
+    special tokens skipped (ToolResponse.text decodes each segment of a response sampled with tools
+    with it, training and eval alike)."""
+    stop = set(stop_ids)
+    return lambda ids: tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+
+
 def rollouts_from_tool_responses(tokenizer, prompt_ids: list[tuple[int, ...]], responses: list[list[ToolResponse]],
                                  problems: list[Problem], group_size: int, stop_ids) -> Rollouts:
     """The Rollouts of responses sampled with tools (docs/tools.md, "What an engine hands the
     trainer"): the ids from each response's layout (observations included, attention 1 on every
     response token), the loss mask 0 on observations, the sampler's log-probs at the model's
-    tokens, the text with its observation spans (each segment decoded as decode_responses does),
-    the tool stats; a response stopped where its last token is a stop id."""
+    tokens, the text with its observation spans (each segment decoded by segment_decoder), the
+    tool stats; a response stopped where the model ended it on a stop id (ToolResponse.ended_on).
+    The eval's generated_with_tools (eval_backends.py) reads a response the same way."""
     stop = set(stop_ids)
-    as_samples = [[Sample(r.layout()[0], bool(r.segments) and r.segments[-1].from_model and r.finished
-                          and r.layout()[0][-1] in stop, r.logprobs(), policy_version=r.policy_version)
+    as_samples = [[Sample(r.layout()[0], r.ended_on(stop), r.logprobs(), policy_version=r.policy_version)
                    for r in group] for group in responses]
     batch = rollouts_from_samples(tokenizer, prompt_ids, as_samples, problems, group_size, stop_ids)
     flat = [r for group in responses for r in group]
     for row, response in enumerate(flat):
         mask = response.layout()[1]
         batch.response_mask[row, :len(mask)] = torch.tensor(mask, dtype=batch.response_mask.dtype)
-
-    def text_of(ids: list[int]) -> str:
-        return tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
-
+    text_of = segment_decoder(tokenizer, stop)
     texts = [response.text(text_of) for response in flat]
     return replace(batch, response_texts=[text for text, _ in texts], observation_spans=[spans for _, spans in texts],
                    tool_stats=[response.stats for response in flat])

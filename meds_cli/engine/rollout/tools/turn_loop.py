@@ -158,6 +158,13 @@ class ToolResponse:
     def text(self, decode: Callable[[list[int]], str]) -> tuple[str, list[tuple[int, int]]]:
         return response_text(self.segments, decode)
 
+    def ended_on(self, stop_ids) -> bool:
+        """Whether the model ended it on one of `stop_ids` (its last turn finished on one), rather than
+        the token budget or an observation that filled it: what the trainer and the eval call not
+        truncated."""
+        ids = self.model_ids_since_observation()
+        return self.finished and bool(ids) and ids[-1] in stop_ids
+
     def model_ids_since_observation(self) -> list[int]:
         last = self.segments[-1] if self.segments else None
         return last.token_ids if last is not None and last.from_model else []
