@@ -289,17 +289,8 @@ class ScriptedTinyEngine(SamplesInProcess):
             out.append([Sample(list(ids), stopped, [-0.5] * len(ids), paused=paused) for _ in request.seeds])
         return out
 
-    def policy_updated(self):
-        pass
-
-    def policy_settled(self, version):
-        pass
-
-    def release(self):
-        pass
-
-    def close(self):
-        pass
+    # nothing to bring up to date, free or stop: it answers without the policy
+    policy_updated = policy_settled = release = close = lambda self, *version: None
 
 
 def test_meds_trains_with_tools_its_anchor_at_the_models_answer_after_the_observation(tmp_path, monkeypatch):
