@@ -249,6 +249,22 @@ def test_two_steps_of_smollm2_with_tools_through_the_fake_vllm_server(tmp_path):
     assert any(body["max_tokens"] < 48 for body in fake.completions)  # a later turn's own budget
     assert samples and all("tools" in s for s in samples)
 
+
+@pytest.mark.slow
+def test_two_training_processes_with_tools_make_the_same_engine_calls(tmp_path):
+    """Two real processes (gloo, CPU) with the hf-worker engine, whose every call is collective:
+    the responses of one process take more turns (pauses at the closing tag) than the other's, and
+    both still make the same calls, the idle one asking for nothing (tests/tool_processes_check.py)."""
+    from tests.cpu_launch import ROOT, launch_cpu
+
+    launch_cpu(2, [str(ROOT / "tests" / "tool_processes_check.py"), str(tmp_path)])
+    assert int((tmp_path / "world.txt").read_text()) == 2
+    calls = [json.loads((tmp_path / f"calls{rank}.json").read_text()) for rank in (0, 1)]
+    assert [stops for stops, _ in calls[0]] == [stops for stops, _ in calls[1]]
+    assert any(n == 0 for rank in (0, 1) for _, n in calls[rank])  # a process asked nothing: the other went on
+    rows = json.loads((tmp_path / "rows0.json").read_text())
+    assert [row["step"] for row in rows] == [1, 2] and all("tools/calls_mean" in row for row in rows)
+
 # ------------------------------------------------------------------ every algorithm trains with tools
 
 # On the tiny model's characters: "=" opens a block and "." closes it (code_tags), so the first turn
