@@ -23,10 +23,9 @@ import yaml
 from algorithms import ALGORITHMS
 from algorithms.meds_features import check_layer_spec
 from benchmarks.dataset_source import check_columns
-from benchmarks.prompts import STYLES as PROMPT_STYLES
 from benchmarks.reasoning_gym_task import TASK_NAME as REASONING_GYM
 from benchmarks.reasoning_gym_task import check_settings as check_reasoning_gym
-from benchmarks.tasks import OPERATIONS
+from benchmarks.tasks import OPERATIONS, PROMPT_STYLES
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.core.files import read_user_text, replace_text
