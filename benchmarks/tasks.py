@@ -13,6 +13,7 @@ import random
 from typing import Sequence
 
 from benchmarks.answer_extraction import extract_answer, integer_literal_value
+from benchmarks.prompts import STYLES as PROMPT_STYLES  # noqa: F401  (the config reads them here: task.prompt_style)
 from benchmarks.prompts import build_prompt, problem_prompt
 from benchmarks.registry import TASKS
 from meds_cli.core.errors import UserError

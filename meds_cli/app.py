@@ -204,7 +204,8 @@ def eval_cmd(
         help="Folder with <benchmark>/test.jsonl (DIR/math500/test.jsonl, ...); default: the dataset hub.")] = None,
     prompt: Annotated[str, typer.Option(
         help="Prompt template: auto (a run's own style; a model's chat template when it has one, else boxed), boxed "
-             "(Qwen-Math, plain text), chat, or plain (the problem text alone).")] = "auto",
+             "(Qwen-Math, plain text), chat, plain (the problem text alone), or chat_plain (the problem text alone in "
+             "the chat template).")] = "auto",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.6,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top-p.")] = 0.95,
     max_new_tokens: Annotated[Optional[int], typer.Option(

@@ -12,6 +12,10 @@ A server can be told to answer a route wrongly (`answer_wrongly(fault, route, af
 each fault of FAULTS, from the `after`+1-th request of that route on, `times` times (None: every
 later one); tests/test_rollout_checks.py drives the trainer into each.
 
+Stop strings (a tool turn's pause) are honoured as vLLM does with `include_stop_str_in_output`
+where the server is given the faked model's tokenizer's `decode`: the response ends at the token
+whose text completes the first string, kept, `stop_reason` naming the string.
+
 A response's tokens depend on the prompt, the request's seed and the adapter it names (its
 folder's adapter_model.safetensors bytes), so a test can tell which adapter sampled it; a request
 naming a model that is neither the base nor a loaded adapter is refused with vLLM's 404. Every
@@ -29,6 +33,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 BASE = "base-model"
 TRANSFER_ROUTES = ("/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
@@ -39,15 +44,31 @@ VOCAB = 53  # the tiny tokenizer's
 def rule_tokens(prompt: list[int], seed: int, salt: int, body: dict) -> tuple[list[int], list[float], str]:
     """The response to one request: token i = (31 * sum(prompt) + 7 * seed + 13 * i + salt) mod VOCAB,
     stopping after a stop id (not before min_tokens), log-prob -(1 + token mod 5) / 10."""
-    tokens, stops = [], set(body.get("stop_token_ids") or [])
+    tokens, logprobs, finish, _ = rule_completion(prompt, seed, salt, body)
+    return tokens, logprobs, finish
+
+
+def rule_completion(prompt: list[int], seed: int, salt: int, body: dict,
+                    decode: Callable[[list[int]], str] | None = None) -> tuple[list[int], list[float], str, object]:
+    """rule_tokens' tokens, log-probs and finish_reason, and vLLM's stop_reason: the stop id that
+    ended it, or the first of the body's `stop` strings its text (`decode` of the tokens so far,
+    after each token) holds, which ends it at the token that completed it, the string kept
+    (include_stop_str_in_output, the only way meds asks); None where it ran to max_tokens."""
+    tokens, stop_ids, stop_strings = [], set(body.get("stop_token_ids") or []), body.get("stop") or []
+    if stop_strings and (decode is None or not body.get("include_stop_str_in_output")):
+        raise ValueError("the fake honours stop strings with a tokenizer's decode and include_stop_str_in_output")
     for i in range(int(body.get("max_tokens", 16))):
         token = (31 * sum(prompt) + 7 * seed + 13 * i + salt) % VOCAB
-        if token in stops and i < int(body.get("min_tokens", 0)):
+        if token in stop_ids and i < int(body.get("min_tokens", 0)):
             token = (token + 1) % VOCAB
         tokens.append(token)
-        if token in stops:
-            return tokens, [-(1 + t % 5) / 10 for t in tokens], "stop"
-    return tokens, [-(1 + t % 5) / 10 for t in tokens], "length"
+        if token in stop_ids:
+            return tokens, [-(1 + t % 5) / 10 for t in tokens], "stop", token
+        text = decode(tokens) if stop_strings else ""
+        found = [(text.find(s), s) for s in stop_strings if s in text]
+        if found:
+            return tokens, [-(1 + t % 5) / 10 for t in tokens], "stop", min(found)[1]
+    return tokens, [-(1 + t % 5) / 10 for t in tokens], "length", None
 
 
 def _first_choice(answer: dict) -> dict:
@@ -100,7 +121,11 @@ class _Listening(ThreadingHTTPServer):
 
 
 class FakeVLLMServer:
-    def __init__(self, port: int = 0, delay_s: float = 0.0, world_size: int = 1):
+    def __init__(self, port: int = 0, delay_s: float = 0.0, world_size: int = 1,
+                 decode: Callable[[list[int]], str] | None = None):
+        # `decode`: the faked model's tokenizer's, to honour stop strings (a request with `stop` and
+        # none is refused with a 400)
+        self.decode = decode
         self.adapters: dict[str, tuple[str, int]] = {}  # name -> (path, salt)
         self.weight_version: str | None = None
         self.world_size = world_size
@@ -242,10 +267,13 @@ class FakeVLLMServer:
             salt = 0 if model == BASE else self.adapters[model][1]
         if self.delay_s:
             threading.Event().wait(self.delay_s)
-        tokens, logprobs, finish = rule_tokens(body["prompt"], int(body.get("seed") or 0), salt, body)
+        try:
+            tokens, logprobs, finish, stop_reason = rule_completion(body["prompt"], int(body.get("seed") or 0), salt,
+                                                                    body, self.decode)
+        except ValueError as error:
+            return _error(400, str(error), "BadRequestError")
         want_logprobs = body.get("logprobs") is not None
-        choice = {"index": 0, "text": "", "finish_reason": finish,
-                  "stop_reason": tokens[-1] if finish == "stop" else None,
+        choice = {"index": 0, "text": "", "finish_reason": finish, "stop_reason": stop_reason,
                   "logprobs": {"text_offset": [], "token_logprobs": logprobs,
                                "tokens": [f"token_id:{t}" for t in tokens], "top_logprobs": []}
                   if want_logprobs else None,

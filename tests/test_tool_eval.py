@@ -194,6 +194,36 @@ def test_the_tir_config_samples_with_tools_and_qwens_tir_prompt():
     assert "not downloaded" in result.output and "warning:" not in result.output
 
 
+# Qwen2.5's chat template, as far as a system turn and one user turn go (ChatML)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_the_tir_configs_prompt_is_the_system_turn_and_the_bare_question():
+    """Qwen2.5-Math's TIR prompt: prompt_style chat_plain puts the question alone in the user turn,
+    after the system prompt; chat would append the boxed instruction; without a template the system
+    prompt is a line before the question."""
+    from benchmarks.prompts import QWEN_BOXED_INSTRUCTION, build_prompt, problem_prompt
+    from meds_cli.core.records import Problem
+    from meds_cli.engine.config import load_config
+    from meds_cli.engine.model_io.tiny import tiny_tokenizer
+
+    cfg = load_config([str(ROOT / "configs" / "qwen_math_tir.yaml")])
+    assert cfg.task.prompt_style == "chat_plain"
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHATML
+    question = "What is 2 + 3?"
+    system = cfg.task.system_prompt
+    assert build_prompt(question, tokenizer, "chat_plain", system_prompt=system) == (
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+        f"<|im_start|>assistant\n")
+    assert build_prompt(question, tokenizer, "chat", system_prompt=system).endswith(
+        f"<|im_start|>user\nWhat is 2 + 3?\n{QWEN_BOXED_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert problem_prompt("math", Problem("p", question, "5"), tokenizer, "chat_plain", system_prompt=system) == \
+        build_prompt(question, tokenizer, "chat_plain", system_prompt=system)
+    tokenizer.chat_template = None
+    assert build_prompt(question, tokenizer, "chat_plain", system_prompt=system) == f"{system}\nWhat is 2 + 3?"
+
 def test_the_hf_backend_samples_with_tools_end_to_end(tmp_path, data_dir):
     """The real path: the tiny model through the hf engine, turn by turn (tool_turns.py). It writes no
     code, so no block runs; every response still carries its tool stats and the report its columns."""

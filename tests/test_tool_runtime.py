@@ -17,7 +17,9 @@ from meds_cli.engine.rollout.tools.python_session import PythonSession, run_bloc
 from meds_cli.engine.rollout.tools.settings import ToolSettings
 from meds_cli.engine.rollout.tools.turn_loop import (
     Segment,
+    ToolResponse,
     ToolRuntime,
+    Turn,
     TurnLimits,
     response_layout,
     response_logprobs,
@@ -306,3 +308,22 @@ def test_settings_plug_into_the_rollout_section_as_a_base_class():
     assert section.enabled and TurnLimits.of(section, section.max_new_tokens) == TurnLimits(128, 2, 512)
     with pytest.raises(UserError, match="config key 'rollout.tools' has value 'python'; expected a list of str"):
         build(Rollout, {"tools": "python"}, "rollout.")
+
+
+def test_a_response_ended_on_a_stop_id_only_where_its_last_model_turn_finished_on_one():
+    def response(*segments, finished=True):
+        out = ToolResponse(finished=finished)
+        for ids, from_model in segments:
+            if from_model:
+                out.add_model(Turn(ids))
+            else:
+                out.add_observation(ids)
+        return out
+
+    stop = {9}
+    assert response(([1, 2, 9], True)).ended_on(stop)
+    assert not response(([1, 2, 9], True), finished=False).ended_on(stop)  # paused, then cut by the loop
+    assert not response(([1, 2], True)).ended_on(stop)  # the token budget
+    assert not response(([1, 9], True), ([5, 9], False)).ended_on(stop)  # an observation filled the budget
+    assert not response(([1, 9], True), ([5], False), ([], True)).ended_on(stop)  # a last turn with no token
+    assert response(([1], True), ([5], False), ([2, 9], True)).ended_on(stop)

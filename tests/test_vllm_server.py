@@ -11,6 +11,7 @@ import json
 import socket
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -63,6 +64,35 @@ def test_requests_carry_token_ids_seeds_and_settings_and_answers_give_tokens_and
             tokens, logprobs, finish = rule_tokens(list(request.prompt_ids), seed, 0, bodies[0])
             assert sample.token_ids == tokens and sample.logprobs == logprobs and sample.stopped == (finish == "stop")
     assert result.started <= result.ended
+
+
+def test_tool_turns_ask_with_stop_strings_and_their_own_budget_and_pause_at_a_string(tmp_path):
+    """A tool turn's request carries the stop strings (kept in the output) and the request's own
+    max_tokens; the fake, given the tiny tokenizer, ends a response at the token whose text completes
+    a string, and the engine reads that as a pause (Sample.paused), not a stop."""
+    from meds_cli.engine.model_io.tiny import tiny_tokenizer
+
+    decode = tiny_tokenizer().decode
+    fake = FakeVLLMServer(decode=decode).start()
+    engine = VLLMServerEngine([fake.url], policy=None, scratch_dir=tmp_path)
+    settings = replace(SETTINGS, max_new_tokens=40, min_new_tokens=0, stop_ids=(1,), stop_strings=("=", "."))
+    try:
+        requests = [SampleRequest((5, 6, 7), (11, 12)), SampleRequest((5, 6, 7), (13,), max_new_tokens=6)]
+        result = engine.result(engine.submit(requests, settings))
+    finally:
+        engine.close()
+        fake.stop()
+    bodies = {b["seed"]: b for b in fake.completions}
+    assert [bodies[seed]["max_tokens"] for seed in (11, 12, 13)] == [40, 40, 6]
+    assert all(b["stop"] == ["=", "."] and b["include_stop_str_in_output"] for b in bodies.values())
+    (first, second), (third,) = result.samples
+    for sample, seed, stop in ((first, 11, "."), (second, 12, "=")):  # what the rule gives these seeds
+        assert sample.paused and not sample.stopped
+        assert decode(sample.token_ids).endswith(stop)
+        assert not any(s in decode(sample.token_ids[:-1]) for s in settings.stop_strings)  # the first string ends it
+        unpaused = rule_tokens([5, 6, 7], seed, 0, {**bodies[seed], "stop": None})[0]
+        assert sample.token_ids == unpaused[:len(sample.token_ids)]  # the rule's tokens, up to the string
+    assert len(third.token_ids) == 6 and not third.paused and not third.stopped  # its own budget, then cut
 
 
 def test_serve_command_has_the_colocated_engines_settings():

@@ -25,7 +25,7 @@ from algorithms.meds_features import check_layer_spec
 from benchmarks.dataset_source import check_columns
 from benchmarks.reasoning_gym_task import TASK_NAME as REASONING_GYM
 from benchmarks.reasoning_gym_task import check_settings as check_reasoning_gym
-from benchmarks.tasks import OPERATIONS
+from benchmarks.tasks import OPERATIONS, PROMPT_STYLES
 from meds_cli.core.errors import UserError, nearest
 from meds_cli.core.fields import Check, at_least, choice, doc, greater_than, require, validate_section
 from meds_cli.core.files import read_user_text, replace_text
@@ -83,9 +83,11 @@ class TaskConfig:
                                      "for Qwen3")
     max_prompt_tokens: int = doc(0, "leave out problems whose prompt has more tokens than this (0: keep all)",
                                  at_least(0))
-    prompt_style: str = choice("chat", ["boxed", "chat", "plain"], "boxed: Qwen-Math boxed prompt as plain text; "
+    prompt_style: str = choice("chat", list(PROMPT_STYLES), "boxed: Qwen-Math boxed prompt as plain text; "
                                "chat: the same inside the model's chat template; plain: the problem text exactly as "
-                               "written, no instruction, no template (models trained from scratch)")
+                               "written, no instruction, no template (models trained from scratch); chat_plain: the "
+                               "problem text alone inside the chat template, after task.system_prompt (Qwen2.5-Math's "
+                               "TIR prompt)")
     operations: list[str] = doc(["mul"], "arithmetic: operations to draw from (add, sub, mul)")
     digits: int = doc(1, "arithmetic: digits per operand (difficulty)", at_least(1))
     dataset: str = doc("", "reasoning-gym: the generator, any name of reasoning-gym's registry (chain_sum, "

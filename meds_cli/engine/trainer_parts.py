@@ -151,7 +151,10 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
     # What the algorithm reads besides the update's forward, asked once: the scoring pass is
     # planned from it, and lens values the engine records while sampling (MEDS's logit lens
     # with the hf engine) stand in for the pass where the algorithm asks for them.
-    records_lens = engine.records_lens
+    # With rollout.tools a response is sampled turn by turn and no turn records lens values
+    # (tool_turns.turn_settings): MEDS then reads its features from the scoring pass, at the model's
+    # final answer token placed after the observations (algorithms/meds_feature_builders.py), as for vLLM.
+    records_lens = engine.records_lens and not cfg.rollout.enabled
     forward_needs = algorithm.forward_needs(len(decoder_layers(unwrapped)), records_lens)
     if forward_needs.lens is not None and not records_lens:
         raise RuntimeError(f"{cfg.algo.name} asked for logit-lens values from an engine that records none")
@@ -166,7 +169,7 @@ def build_parts(cfg, run_dir: Path, accelerator=None, model_and_tokenizer=None) 
         seed_of_step=lambda step: step_seed(cfg.train.seed, step, rank),
         settings=sampling_settings(cfg.rollout, tokenizer, lens=lens_probe),
         prompts_per_step=cfg.rollout.prompts_per_step, group_size=cfg.rollout.group_size, steps=cfg.train.steps,
-        rank=rank, world=world), say=lambda text: say(acc, text))
+        rank=rank, world=world, any_process=collectives.any), say=lambda text: say(acc, text))
     scoring = scoring_pass(forward_needs.view, uses_reference=algorithm.uses_reference,
                            optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
                            setting=cfg.train.scoring_pass,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -50,7 +51,8 @@ def draw_seeds(prompts: int, group_size: int, generator: torch.Generator | None 
 
 def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], problems: list[Problem], group_size: int,
                     settings: SamplingSettings, *, vocab_size: int | None = None,
-                    seeds: list[list[int]] | None = None) -> Rollouts:
+                    seeds: list[list[int]] | None = None,
+                    any_process: Callable[[bool], bool] | None = None) -> Rollouts:
     """`group_size` responses for every prompt from the rollout engine. Prompts go to the engine as
     token ids (the chat template already holds any BOS); each sample's seed is one of `seeds` (the
     rollout source's, drawn from a generator of the step: source.py), else drawn from torch's
@@ -58,12 +60,16 @@ def sample_rollouts(engine: RolloutEngine, tokenizer, prompts: list[str], proble
     No prompts: the engine is still called (its call may be collective, as vLLM's tensor-parallel
     pooling is) and the batch is empty. What the engine returns is checked before anything else
     reads it (rollout_check.py); `vocab_size`: the ids the policy can score (its embedding rows,
-    which may pad the tokenizer's vocabulary; None: the tokenizer's)."""
+    which may pad the tokenizer's vocabulary; None: the tokenizer's). `any_process`: True on
+    every training process when True on one (Collectives.any; None: this process alone): with
+    tools, each process then makes as many engine calls as the others, in the same order, whatever
+    number of turns its own responses take (tools/turn_loop.py)."""
     seeds = draw_seeds(len(prompts), group_size) if seeds is None else seeds
     requests = sample_requests(tokenizer, prompts, seeds)
     vocab_size = len(tokenizer) if vocab_size is None else vocab_size
     if settings.tools is not None:  # turn by turn, code blocks run between turns (tool_turns.py)
-        responses = sample_tool_responses(engine, tokenizer, requests, settings, vocab_size)
+        responses = sample_tool_responses(engine, tokenizer, requests, settings, vocab_size,
+                                          any_process=any_process)
         return rollouts_from_tool_responses(tokenizer, [r.prompt_ids for r in requests], responses, problems,
                                             group_size, settings.stop_ids)
     samples = engine.generate(requests, settings)
@@ -95,26 +101,31 @@ def decode_responses(tokenizer, samples: list[Sample], stop_ids) -> list[str]:
                                   skip_special_tokens=True)
 
 
+def segment_decoder(tokenizer, stop_ids) -> Callable[[list[int]], str]:
+    """The text of a run of token ids as decode_responses decodes a response: stop tokens left out,
+    special tokens skipped (ToolResponse.text decodes each segment of a response sampled with tools
+    with it, training and eval alike)."""
+    stop = set(stop_ids)
+    return lambda ids: tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
+
+
 def rollouts_from_tool_responses(tokenizer, prompt_ids: list[tuple[int, ...]], responses: list[list[ToolResponse]],
                                  problems: list[Problem], group_size: int, stop_ids) -> Rollouts:
     """The Rollouts of responses sampled with tools (docs/tools.md, "What an engine hands the
     trainer"): the ids from each response's layout (observations included, attention 1 on every
     response token), the loss mask 0 on observations, the sampler's log-probs at the model's
-    tokens, the text with its observation spans (each segment decoded as decode_responses does),
-    the tool stats; a response stopped where its last token is a stop id."""
+    tokens, the text with its observation spans (each segment decoded by segment_decoder), the
+    tool stats; a response stopped where the model ended it on a stop id (ToolResponse.ended_on).
+    The eval's generated_with_tools (eval_backends.py) reads a response the same way."""
     stop = set(stop_ids)
-    as_samples = [[Sample(r.layout()[0], bool(r.segments) and r.segments[-1].from_model and r.finished
-                          and r.layout()[0][-1] in stop, r.logprobs(), policy_version=r.policy_version)
+    as_samples = [[Sample(r.layout()[0], r.ended_on(stop), r.logprobs(), policy_version=r.policy_version)
                    for r in group] for group in responses]
     batch = rollouts_from_samples(tokenizer, prompt_ids, as_samples, problems, group_size, stop_ids)
     flat = [r for group in responses for r in group]
     for row, response in enumerate(flat):
         mask = response.layout()[1]
         batch.response_mask[row, :len(mask)] = torch.tensor(mask, dtype=batch.response_mask.dtype)
-
-    def text_of(ids: list[int]) -> str:
-        return tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
-
+    text_of = segment_decoder(tokenizer, stop)
     texts = [response.text(text_of) for response in flat]
     return replace(batch, response_texts=[text for text, _ in texts], observation_spans=[spans for _, spans in texts],
                    tool_stats=[response.stats for response in flat])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.generation import Generated, GenerationSettings, Request
 from meds_cli.core.errors import UserError
-from meds_cli.engine.rollout.batch import decode_responses, sample_requests
+from meds_cli.engine.rollout.batch import decode_responses, sample_requests, segment_decoder
 from meds_cli.engine.rollout.decode_rows import decode_rows
 from meds_cli.engine.rollout.hf_sampler import HFEngine
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SamplingSettings, cuda_available, stop_token_ids
@@ -147,15 +147,10 @@ def generated_with_tools(tokenizer, responses: list[ToolResponse], stop_ids) -> 
     its observation spans (graded without them), the model's tokens as the length, truncated
     unless the model ended on a stop id, and each response's tool stats."""
     stop = set(stop_ids)
-
-    def text_of(ids: list[int]) -> str:  # as decode_responses decodes a response without tools
-        return tokenizer.decode([t for t in ids if t not in stop], skip_special_tokens=True)
-
-    texts = [response.text(text_of) for response in responses]
-    ended = [bool(r.segments) and r.segments[-1].from_model and r.finished and r.segments[-1].token_ids[-1:] != []
-             and r.segments[-1].token_ids[-1] in stop for r in responses]
-    return Generated([text for text, _ in texts], [sum(r.layout()[1]) for r in responses], [not e for e in ended],
-                     [spans for _, spans in texts], [r.stats for r in responses])
+    texts = [response.text(segment_decoder(tokenizer, stop)) for response in responses]
+    return Generated([text for text, _ in texts], [sum(r.layout()[1]) for r in responses],
+                     [not r.ended_on(stop) for r in responses], [spans for _, spans in texts],
+                     [r.stats for r in responses])
 
 
 class HFBackend:

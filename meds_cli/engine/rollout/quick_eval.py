@@ -27,7 +27,8 @@ def held_out_accuracy(engine, tokenizer, task, cfg, rank: int, world: int, gathe
     # Every process, even one without problems (an empty list): the gather is collective under
     # FSDP2, and so may the engine's call be (vLLM's tensor-parallel pooling).
     with gathered:
-        batch = sample_rollouts(engine, tokenizer, prompts, problems, 1, settings)
+        batch = sample_rollouts(engine, tokenizer, prompts, problems, 1, settings,
+                                any_process=lambda flag: global_sum(float(flag)) > 0)
     if problems:  # the model's text without tool output: a \boxed{} a tool printed is not its answer
         correct = sum(v.correct for v in task.grade(list(zip(problems, batch.answer_texts))))
     total = global_sum(len(problems))

@@ -57,6 +57,9 @@ class SourcePlan:
     steps: int
     rank: int = 0
     world: int = 1
+    # True on every process when True on one (Collectives.any; None: one process): with tools the
+    # processes make the same engine calls, whatever turns their responses take (tools/turn_loop.py)
+    any_process: Callable[[bool], bool] | None = None
 
 
 class RolloutSource:
@@ -121,7 +124,8 @@ class RolloutSource:
         problems, prompts = self.problems_and_prompts(indices)
         seeds = self.round_seeds(self._seeds, len(prompts))
         batch = sample_rollouts(self.engine, self.tokenizer, prompts, problems, self.plan.group_size,
-                                self.plan.settings, vocab_size=vocab_size, seeds=seeds)
+                                self.plan.settings, vocab_size=vocab_size, seeds=seeds,
+                                any_process=self.plan.any_process)
         return batch, problems, prompts
 
     def rounds_done(self, rounds: int) -> None:

@@ -13,7 +13,7 @@ that did not finish. batch.py lays the responses out as a Rollouts batch.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from meds_cli.engine.rollout.rollout_check import checked_samples
 from meds_cli.engine.rollout.sampling_engine import RolloutEngine, SampleRequest, SamplingSettings, split_by_request
@@ -53,13 +53,15 @@ class EngineTurns:
 
 
 def sample_tool_responses(engine: RolloutEngine, tokenizer, requests: Sequence[SampleRequest],
-                          settings: SamplingSettings, vocab_size: int, workers: int | None = None
-                          ) -> list[list[ToolResponse]]:
+                          settings: SamplingSettings, vocab_size: int, workers: int | None = None,
+                          any_process: Callable[[bool], bool] | None = None) -> list[list[ToolResponse]]:
     """Every request's responses sampled with tools (settings.tools), one list per request in seed
-    order; `workers`: the sandbox's parallel processes (None: the CPU budget's)."""
+    order; `workers`: the sandbox's parallel processes (None: the CPU budget's); `any_process`: the
+    training processes' agreement, so that each makes the same engine calls (turn_loop.py; None:
+    this process alone)."""
     runtime = ToolRuntime(tokenizer, settings.tools, workers=workers)
     prompts = [list(r.prompt_ids) for r in requests for _ in r.seeds]
     seeds = [seed for r in requests for seed in r.seeds]
     flat = sample_with_tools(EngineTurns(engine, settings, vocab_size), prompts, runtime,
-                             TurnLimits.of(settings.tools, settings.max_new_tokens), seeds)
+                             TurnLimits.of(settings.tools, settings.max_new_tokens), seeds, any_process)
     return split_by_request(requests, flat)

@@ -56,7 +56,7 @@ def diversity_probe(spec, num_layers: int, records_lens: bool,
         return None, None
     if not records_lens:
         return None, ("diversity/eigen_ratio_top1: not measured: this rollout engine records no logit-lens "
-                      "values while it samples (the hf engine in the training process does)")
+                      "values while it samples (the hf engine in the training process does, without rollout.tools)")
     probe = LensProbe(tuple(resolve_layers(spec, num_layers, LAYERS_KEY)), final_norm=False)
     if asked is not None and asked != probe:
         return None, (f"diversity/eigen_ratio_top1: not measured: the algorithm records logit-lens layers "

@@ -10,6 +10,13 @@ The result keeps each response's turns apart: model segments (trained on) and ob
 segments (context only). `response_layout` turns them into the token ids, the loss mask (1 on
 model tokens, 0 on observation tokens) and the positions of the model tokens, where the sampler's
 log-probs belong; verl's tool agent loop returns the same (its response_mask).
+
+Several training processes each run the loop on their own responses, which may need different
+numbers of turns, while an engine call may be collective (a pipeline's agreement on failures,
+vLLM's tensor-parallel pooling). With `any_process` (True on every process when True on one) every
+process makes the same engine calls in the same order: a round runs while any process has a live
+response, and each of its two calls (with stop strings, then without) is made, with no contexts
+where a process has none, whenever any process has some.
 """
 
 from __future__ import annotations
@@ -151,6 +158,13 @@ class ToolResponse:
     def text(self, decode: Callable[[list[int]], str]) -> tuple[str, list[tuple[int, int]]]:
         return response_text(self.segments, decode)
 
+    def ended_on(self, stop_ids) -> bool:
+        """Whether the model ended it on one of `stop_ids` (its last turn finished on one), rather than
+        the token budget or an observation that filled it: what the trainer and the eval call not
+        truncated."""
+        ids = self.model_ids_since_observation()
+        return self.finished and bool(ids) and ids[-1] in stop_ids
+
     def model_ids_since_observation(self) -> list[int]:
         last = self.segments[-1] if self.segments else None
         return last.token_ids if last is not None and last.from_model else []
@@ -196,19 +210,22 @@ class ToolRuntime:
 
 
 def sample_with_tools(generate_turn: GenerateTurn, prompts: Sequence[list[int]], runtime: ToolRuntime,
-                      limits: TurnLimits, seeds: Sequence[int] | None = None) -> list[ToolResponse]:
+                      limits: TurnLimits, seeds: Sequence[int] | None = None,
+                      any_process: Callable[[bool], bool] | None = None) -> list[ToolResponse]:
     """Sample one response per prompt (token ids), running its code blocks as they close; `seeds`:
-    one per response (None: 0, 1, ...), each turn drawn from turn_seed(seed, turn)."""
+    one per response (None: 0, 1, ...), each turn drawn from turn_seed(seed, turn); `any_process`:
+    the training processes' agreement (the module docstring; None: this process alone)."""
+    any_process = any_process or (lambda flag: flag)
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     responses = [ToolResponse() for _ in prompts]
     sessions = [runtime.new_session() for _ in prompts]
     tools_open = [True] * len(prompts)  # closed once a block past the call limit got its note
     live = list(range(len(prompts)))
-    while live:
+    while any_process(bool(live)):
         # One engine call per set of stop strings: responses whose tools are closed run to the end.
         for with_tools in (True, False):
             group = [i for i in live if tools_open[i] == with_tools]
-            if not group:
+            if not any_process(bool(group)):
                 continue
             contexts = [list(prompts[i]) + responses[i].layout()[0] for i in group]
             budgets = [limits.max_new_tokens - responses[i].length for i in group]
