@@ -80,7 +80,8 @@ def test_the_setting_overrides_the_platforms_default(platform, option, per_sampl
 
 
 def test_tensor_parallel_pooling_keeps_each_process_its_own_samples():
-    other = [((8, 8), 40), ((8, 8), 41)]  # the first process of the group asked for one prompt twice
+    # the first process of the group asked for one prompt twice; items are (prompt ids, seed, token budget)
+    other = [((8, 8), 40, SETTINGS.max_new_tokens), ((8, 8), 41, SETTINGS.max_new_tokens)]
     built = []
     engine = VLLMEngine("/m", options=VLLMConfig(sleep_level=0, enforce_eager=True, tensor_parallel_size=2),
                         api=recording_api("cuda", built), processes=2, tp_gather=lambda mine: ([other, mine], 1))
