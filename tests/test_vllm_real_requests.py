@@ -57,3 +57,26 @@ def test_seeded_requests_repeat_whatever_they_are_batched_with(random_model):
     assert together.token_ids == alone.token_ids
     del engine
     gc.collect()
+
+
+def test_a_tool_turn_pauses_after_a_stop_string_and_keeps_it(random_model):
+    """Tool-integrated reasoning's turns (issue 56): vLLM stops after the first stop string, keeps it in
+    the returned tokens (include_stop_str_in_output), and the engine reads that as a pause, not an end."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(random_model)
+    engine = _engine(random_model, seed_per_request=True)
+    greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=16, stop_ids=())
+    request = [SampleRequest((5, 6, 7), (1,))]
+    free = engine.generate(request, greedy)[0][0]
+    text = tokenizer.decode(free.token_ids)
+    stop = tokenizer.decode(free.token_ids[3:5])  # a string the greedy response writes after its third token
+    assert stop.strip(), f"the tiny model's greedy text {text!r} has no usable stop string"
+    paused = engine.generate(request, SamplingSettings(temperature=0.0, top_p=1.0, max_new_tokens=16, stop_ids=(),
+                                                       stop_strings=(stop,)))[0][0]
+    assert paused.paused and not paused.stopped
+    assert paused.token_ids == free.token_ids[:len(paused.token_ids)]  # the same greedy tokens, cut
+    assert stop in tokenizer.decode(paused.token_ids) and len(paused.token_ids) <= 5
+    assert len(paused.logprobs) == len(paused.token_ids)
+    del engine
+    gc.collect()
