@@ -4,6 +4,7 @@ every trained arm) and the testbed study grid that uses it."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meds_cli.app import app
@@ -141,3 +142,11 @@ def test_diagnostics_are_compared_seed_by_seed_between_trained_arms():
     text = diagnostics_markdown(comparisons)
     assert "meds - dapo distinct wrong +2.000, 95% CI [-0.484, +4.484] over 3 seeds (3 of 3 the same sign): " \
            "no difference at this size" in text
+
+
+def test_long_curves_are_drawn_as_trailing_means():
+    from meds_cli.commands.ablate_report import smoothing_window, trailing_mean
+
+    assert trailing_mean(np.array([1.0, 2.0, 3.0, 4.0]), 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    assert trailing_mean(np.array([4.0, 0.0, 2.0]), 1).tolist() == [4.0, 0.0, 2.0]
+    assert smoothing_window(20) == 1 and smoothing_window(300) == 10

@@ -304,14 +304,36 @@ def integer_steps(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Each value replaced by the mean of the last `window` values up to it (fewer at the start)."""
+    sums = np.cumsum(np.concatenate([[0.0], np.asarray(values, dtype=float)]))
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(0, ends - window)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+# Per-step values of a long run are noisy (one batch of 16 groups a step): past this many steps the
+# curves are drawn as trailing means over a thirtieth of the run, so arms a few hundredths apart
+# can be told apart by eye. The report's numbers never read the smoothed curves.
+SMOOTH_FROM_STEPS = 60
+
+
+def smoothing_window(steps: int) -> int:
+    return max(1, steps // 30) if steps >= SMOOTH_FROM_STEPS else 1
+
+
 def _draw_step_curves(ax, variants, results: dict[str, dict], curve: str) -> None:
-    """The curve of every variant group on `ax`: mean over seeds, a band of one std; a group that
-    did not log it (the baseline's clusters) is left out."""
+    """The curve of every variant group on `ax`: mean over seeds, a band of one std (both trailing
+    means on a long run: smoothing_window); a group that did not log it (the baseline's clusters)
+    is left out."""
     colours = arm_colours(variants)
     for group, (steps, mean, std) in curves_over_seeds(variants, results, curve).items():
         if not steps:
             continue
-        ax.plot(steps, mean, marker="o", markersize=2, label=group, color=colours[group])
+        window = smoothing_window(len(steps))
+        mean, std = trailing_mean(mean, window), trailing_mean(std, window)
+        label = group if window == 1 else f"{group} (mean of {window} steps)"
+        ax.plot(steps, mean, marker="o" if window == 1 else None, markersize=2, label=label, color=colours[group])
         if std.any():
             ax.fill_between(steps, mean - std, mean + std, alpha=0.2, color=colours[group])
     integer_steps(ax)
