@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol, Sequence
 
 from meds_cli.core.forward import LensProbe
@@ -184,12 +185,12 @@ class SamplesInProcess:
     starts_with_policy = True  # it samples the live weights (hf), or is brought up to date before it samples (vllm)
     keeps_versions = False  # the live weights only
 
+    @cached_property
     def _jobs(self) -> _Jobs:
-        # made on first use, so that the engine's own __init__ stays as it is
-        return vars(self).setdefault("_in_process_jobs", _Jobs())
+        return _Jobs()  # made on first use, so that the engine's own __init__ stays as it is
 
     def submit(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> JobResult:
-        jobs = self._jobs()
+        jobs = self._jobs
         started = time.monotonic()
         samples = self.generate(requests, settings)
         ended = time.monotonic()
@@ -205,13 +206,13 @@ class SamplesInProcess:
                              "cannot be pushed to it (keeps_versions is False)")
         self.policy_updated()
         self.policy_settled(version)
-        self._jobs().version = version
+        self._jobs.version = version
 
     def forget(self, ticket: JobResult) -> None:
         """Nothing to drop: the job was sampled when submitted, and its ticket holds it."""
 
     def job_times(self, since: float) -> list[tuple[float, float | None]]:
-        jobs = self._jobs()
+        jobs = self._jobs
         jobs.spans = {ticket: span for ticket, span in jobs.spans.items() if span[1] > since}
         return list(jobs.spans.values())
 
